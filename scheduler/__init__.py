@@ -1,0 +1,47 @@
+"""A recurring-task scheduler with rerun-in-place, on a durable SQL job queue."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from . import signals
+from ._app import Scheduler, default_registry
+from ._config import AppConfig, TaskSpec, load_config
+from ._errors import (
+    ConfigError,
+    LeaseLost,
+    PayloadError,
+    PermanentError,
+    SchedulerError,
+    SchemaOutdated,
+    UnknownRow,
+)
+from ._jobs import Job
+from ._rows import SyncPlan, TaskRow
+from ._tick import TickReport
+
+try:
+    __version__ = version("scheduler")
+except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+    __version__ = "0.0.0"
+
+__all__ = [
+    "AppConfig",
+    "ConfigError",
+    "Job",
+    "LeaseLost",
+    "PayloadError",
+    "PermanentError",
+    "Scheduler",
+    "SchedulerError",
+    "SchemaOutdated",
+    "SyncPlan",
+    "TaskRow",
+    "TaskSpec",
+    "TickReport",
+    "UnknownRow",
+    "__version__",
+    "default_registry",
+    "load_config",
+    "signals",
+]

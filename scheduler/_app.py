@@ -1,0 +1,236 @@
+"""``Scheduler``: the facade users import. It wires the store, the handlers and the clock."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine
+
+from . import _alerts, _jobs, _migrate, _rows, _tick
+from ._config import AppConfig, SchedulerSettings, TaskSpec, WorkerSettings, load_config
+from ._errors import ConfigError
+from ._handlers import AbandonedHook, Handler, Registry
+from ._jobs import Job
+from ._payload import encode_payload
+from ._rows import SyncPlan, TaskRow
+from ._runner import Runner
+from ._store import Store
+from ._tick import TickReport
+from ._time import Clock, as_utc, utcnow
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Handlers registered with ``@app.handler`` land here unless a Scheduler gets its own
+#: ``registry``, so a worker started by the CLI sees the handlers its imports registered.
+default_registry = Registry()
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Scheduler:
+    """A recurring-task scheduler on a durable SQL job queue."""
+
+    def __init__(
+        self,
+        database_url: str | None = None,
+        *,
+        engine: Engine | None = None,
+        tasks: Iterable[TaskSpec] = (),
+        settings: SchedulerSettings | None = None,
+        worker: WorkerSettings | None = None,
+        registry: Registry | None = None,
+        clock: Clock | None = None,
+        worker_id: str | None = None,
+        config_path: str | None = None,
+        **overrides: Any,
+    ) -> None:
+        if engine is None and database_url is None:
+            raise ConfigError("Scheduler needs a database_url (or an engine)")
+        settings = settings or SchedulerSettings()
+        worker = worker or WorkerSettings()
+        for key, value in overrides.items():
+            if hasattr(settings, key):
+                settings = _replace(settings, key, value)
+            elif hasattr(worker, key):
+                worker = _replace(worker, key, value)
+            else:
+                raise TypeError(f"Scheduler() got an unexpected keyword argument {key!r}")
+        self.settings = settings
+        self.worker_settings = worker
+        self.tasks = tuple(tasks)
+        self.config_path = config_path
+        self.store = Store(engine if engine is not None else str(database_url))
+        self.registry = registry if registry is not None else default_registry
+        self.clock: Clock = clock or utcnow
+        self.worker_id = worker_id or default_worker_id()
+        self._schema_ok = False
+
+    @classmethod
+    def from_toml(cls, path: str | os.PathLike[str], **kwargs: Any) -> Scheduler:
+        """Build from a TOML file (SPEC §3); ``SCHEDULER_DATABASE_URL`` overrides its url."""
+        config = load_config(path)
+        return cls.from_config(config, **kwargs)
+
+    @classmethod
+    def from_config(cls, config: AppConfig, **kwargs: Any) -> Scheduler:
+        return cls(
+            config.database_url, tasks=config.tasks, settings=config.scheduler,
+            worker=config.worker, config_path=config.path, **kwargs,
+        )
+
+    # -- handlers -----------------------------------------------------------------------
+    def handler(
+        self,
+        name: str,
+        *,
+        retry_safe: bool = False,
+        max_attempts: int = 3,
+        abandoned: AbandonedHook | None = None,
+        queue: str = "default",
+    ) -> Callable[[F], F]:
+        """Register the decorated callable as the handler called ``name``."""
+
+        def register(func: F) -> F:
+            self.registry.add(Handler(name, func, retry_safe, max_attempts, abandoned, queue))
+            return func
+
+        return register
+
+    def _job_defaults(self, handler: str) -> tuple[int, str]:
+        found = self.registry.get(handler)
+        return (found.max_attempts, found.queue) if found else (3, "default")
+
+    # -- schema -------------------------------------------------------------------------
+    def migrate(self, revision: str = "head") -> None:
+        """Create or upgrade the schema (our own Alembic version table)."""
+        _migrate.upgrade(self.store, revision)
+        self._schema_ok = False
+
+    def check_schema(self) -> None:
+        """Raise :class:`SchemaOutdated` unless the schema is current (checked once)."""
+        if not self._schema_ok:
+            _migrate.check_schema(self.store)
+            self._schema_ok = True
+
+    # -- rows -----------------------------------------------------------------------------
+    def sync(self, tasks: Iterable[TaskSpec] | None = None, *, dry_run: bool = False
+             ) -> SyncPlan:
+        """Make the rows match the TOML tasks atomically; ``dry_run`` only plans."""
+        self.check_schema()
+        chosen = self.tasks if tasks is None else tuple(tasks)
+        with self.store.begin() as conn:
+            return _rows.sync(conn, chosen, now=self.clock(),
+                              payload_limit=self.settings.payload_limit_bytes, dry_run=dry_run)
+
+    def tick(self, now: datetime | None = None) -> TickReport:
+        """Dispatch, rerun, hold back or disable every due row; see SPEC §2."""
+        self.check_schema()
+        return _tick.tick(
+            self.store,
+            now=as_utc(now) if now is not None else self.clock(),
+            max_consecutive_failures=self.settings.max_consecutive_failures,
+            batch_size=self.settings.batch_size,
+            job_defaults=self._job_defaults,
+        )
+
+    def enable(self, name: str) -> None:
+        with self.store.begin() as conn:
+            _rows.enable(conn, name, self.clock())
+
+    def disable(self, name: str) -> None:
+        with self.store.begin() as conn:
+            _rows.disable(conn, name, self.clock())
+
+    def trigger(self, name: str) -> None:
+        with self.store.begin() as conn:
+            _rows.trigger(conn, name, self.clock())
+
+    def get_row(self, name: str) -> TaskRow | None:
+        with self.store.read() as conn:
+            return _rows.get_row(conn, name)
+
+    def rows(self) -> list[TaskRow]:
+        with self.store.read() as conn:
+            return _rows.all_rows(conn)
+
+    def deliver_pending_alerts(self, older_than: float = 30.0) -> int:
+        """Deliver ``row_disabled`` alerts whose receivers never ran (a crash after commit)."""
+        with self.store.engine.connect() as conn:
+            return _alerts.deliver_pending(
+                conn, now=self.clock(), older_than=timedelta(seconds=older_than)
+            )
+
+    # -- jobs -----------------------------------------------------------------------------
+    def enqueue(
+        self,
+        handler: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        run_at: datetime | None = None,
+        priority: int = 0,
+        dedupe_key: str | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+    ) -> int:
+        """Add a job; returns its id (with a ``dedupe_key``: the active job's id if any)."""
+        text = encode_payload(payload, self.settings.payload_limit_bytes)
+        default_attempts, default_queue = self._job_defaults(handler)
+        if max_attempts is not None and max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        values = _jobs.new_job_values(
+            handler=handler, payload=text, now=self.clock(),
+            run_at=as_utc(run_at) if run_at is not None else None, priority=priority,
+            dedupe_key=dedupe_key, queue=queue or default_queue,
+            max_attempts=max_attempts or default_attempts,
+        )
+        return _jobs.enqueue(self.store, values)
+
+    def get_job(self, job_id: int) -> Job | None:
+        with self.store.read() as conn:
+            return _jobs.get_job(conn, job_id)
+
+    def history(self, job_id: int) -> list[dict[str, Any]]:
+        """Every finished attempt of a job, oldest first."""
+        with self.store.read() as conn:
+            return _jobs.history(conn, job_id)
+
+    def runner(self) -> Runner:
+        w = self.worker_settings
+        return Runner(
+            self.store, self.registry, owner=self.worker_id, clock=self.clock,
+            lease=timedelta(seconds=w.lease_seconds),
+            backoff_base=timedelta(seconds=self.settings.backoff_base_seconds),
+            backoff_max=timedelta(seconds=self.settings.backoff_max_seconds),
+            queues=w.queues,
+        )
+
+    def work(self, limit: int | None = None) -> int:
+        """Run ready jobs in this thread until none is ready; returns how many were handled."""
+        self.check_schema()
+        return self.runner().work(limit)
+
+    def purge(self) -> int:
+        """Delete old succeeded (and much older aborted) jobs and their history."""
+        w = self.worker_settings
+        with self.store.begin() as conn:
+            return _jobs.purge(
+                conn, now=self.clock(),
+                succeeded_after=timedelta(days=w.purge_succeeded_after_days),
+                aborted_after=timedelta(days=w.purge_aborted_after_days),
+            )
+
+    def close(self) -> None:
+        self.store.dispose()
+
+
+def _replace(obj: Any, key: str, value: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(obj, **{key: value})

@@ -1,0 +1,100 @@
+"""Cron evaluation and the DST policy (SPEC §2, classic cron(8)).
+
+Cron is evaluated in the row's IANA zone. A task whose hour field is fixed fires once per local
+date and wall-clock time: on fall-back only at the first occurrence, and a slot inside the
+spring-forward gap fires at the first instant after the jump. A task whose hour field is a
+wildcard or a step follows real time: both repeated hours run, the missing hour is skipped.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import CroniterError, croniter
+
+__all__ = ["has_fixed_hour", "next_after", "validate_cron", "validate_timezone"]
+
+NICKNAMES = frozenset(
+    {"@hourly", "@daily", "@midnight", "@weekly", "@monthly", "@yearly", "@annually"}
+)
+# An hour's worth of one-second slots is the most a fall-back can make us skip (two hours for
+# Antarctica/Troll); anything beyond this bound is a bug, not a schedule.
+_MAX_SKIPS = 10_000
+
+
+def validate_timezone(tz: str) -> ZoneInfo:
+    """Return the ZoneInfo for an IANA zone name, or raise ValueError."""
+    if not tz:
+        raise ValueError("timezone must not be empty")
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise ValueError(f"unknown timezone {tz!r}") from None
+
+
+def _hash_id(expr: str, name: str) -> bytes | None:
+    # With a hash_id croniter turns nicknames into Jenkins forms (@daily -> "H H * * * H");
+    # we keep their classic meaning (@daily = midnight) and hash only explicit H fields.
+    # Bytes, because croniter.expand (unlike the constructor) does not encode a str.
+    return None if expr.lstrip().startswith("@") else name.encode()
+
+
+def _check_syntax(expr: str) -> str | None:
+    """Return why `expr` is outside our dialect, or None; croniter checks the rest."""
+    fields = expr.split()
+    if not fields:
+        return "empty expression"
+    if fields[0].startswith("@"):
+        if len(fields) == 1 and fields[0].lower() in NICKNAMES:
+            return None
+        return f"unsupported nickname (use one of {', '.join(sorted(NICKNAMES))})"
+    if len(fields) not in (5, 6):
+        return f"expected 5 fields (6 with seconds), got {len(fields)}"
+    if any(f.lower().startswith("r") for f in fields):
+        return "R (random) is not supported, use H"
+    return None
+
+
+def validate_cron(expr: str, name: str) -> None:
+    """Raise ValueError if `expr` is not a cron expression this scheduler can run."""
+    reason = _check_syntax(expr)
+    if reason is None:
+        hash_id = _hash_id(expr, name)
+        try:
+            croniter.expand(expr, hash_id=hash_id, strict=True)
+            croniter(expr, datetime.now(UTC), hash_id=hash_id).get_next(datetime)
+        except CroniterError as exc:
+            reason = str(exc) or type(exc).__name__
+    if reason is not None:
+        raise ValueError(f"invalid cron expression {expr!r}: {reason}")
+
+
+def has_fixed_hour(expr: str) -> bool:
+    """True when the hour field names fixed hours (number, list, range, bare H)."""
+    fields = expr.split()
+    if len(fields) == 1:
+        return fields[0].lower() != "@hourly"
+    hour = fields[1]
+    return "*" not in hour and "/" not in hour
+
+
+def _is_repeat(local: datetime) -> bool:
+    """True for the second occurrence of an ambiguous (fall-back) wall-clock time."""
+    return local.fold == 1 and local.utcoffset() != local.replace(fold=0).utcoffset()
+
+
+def next_after(expr: str, tz: str, after: datetime, name: str) -> datetime:
+    """First slot of `expr` in zone `tz` strictly after `after`, as an aware UTC datetime."""
+    if after.tzinfo is None or after.utcoffset() is None:
+        raise ValueError("after must be timezone-aware")
+    after_utc = after.astimezone(UTC)
+    fixed = has_fixed_hour(expr)
+    it = croniter(expr, after_utc.astimezone(ZoneInfo(tz)), hash_id=_hash_id(expr, name))
+    for _ in range(_MAX_SKIPS):
+        local: datetime = it.get_next(datetime)
+        utc = local.astimezone(UTC)
+        if utc <= after_utc or (fixed and _is_repeat(local)):
+            continue
+        return utc
+    raise RuntimeError(f"no slot found for cron {expr!r} in {tz} after {after.isoformat()}")

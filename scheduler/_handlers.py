@@ -1,0 +1,70 @@
+"""Handler registration: what a job's ``handler`` name runs, and how safely it can rerun."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class JobContext(Protocol):
+    """What a handler receives: ``job.id``, ``job.payload``, ``job.attempt``, ``job.heartbeat()``."""
+
+    id: int
+    handler: str
+    payload: dict[str, Any]
+    attempt: int
+    max_attempts: int
+    task_name: str | None
+
+    def heartbeat(self) -> None: ...
+
+
+HandlerFunc = Callable[[Any], Any]
+AbandonedHook = Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class Handler:
+    """A registered handler.
+
+    ``retry_safe``: may this handler run again after a crash, or after it raised partway? If
+    not, a job taken over from a stopped worker, or whose attempt raised, is not rerun: the
+    ``abandoned`` hook runs and the job ends ``aborted`` with code ``abandoned``.
+    """
+
+    name: str
+    func: HandlerFunc
+    retry_safe: bool = False
+    max_attempts: int = 3
+    abandoned: AbandonedHook | None = None
+    queue: str = "default"
+
+
+class Registry:
+    """Handlers by name."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, Handler] = {}
+
+    def add(self, handler: Handler) -> None:
+        if handler.max_attempts < 1:
+            raise ValueError(f"handler {handler.name!r}: max_attempts must be at least 1")
+        self._handlers[handler.name] = handler
+
+    def get(self, name: str) -> Handler | None:
+        return self._handlers.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._handlers)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._handlers
+
+
+def error_code(exc: BaseException) -> str:
+    """The stable code stored for a failure: ``exc.code`` if a string, else the class name."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, str) and code:
+        return code[:200]
+    return type(exc).__name__

@@ -1,0 +1,366 @@
+"""The durable job queue's SQL: enqueue, claim, takeover, heartbeat, finish, purge.
+
+Every racy transition is one conditional UPDATE whose row count decides the winner: a claim
+moves ``queued -> claimed`` only if still ``queued``; every later transition requires the same
+lease owner and an unexpired lease (a takeover requires the *old* owner and expiry instead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Row, and_, delete, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from ._payload import decode_payload
+from ._store import Store
+from ._tables import jobs, rows, runs
+
+QUEUED, CLAIMED, SUCCEEDED, ABORTED = "queued", "claimed", "succeeded", "aborted"
+STATES = (QUEUED, CLAIMED, SUCCEEDED, ABORTED)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A read-only view of a job row."""
+
+    id: int
+    handler: str
+    state: str
+    attempts: int
+    max_attempts: int
+    run_at: datetime
+    last_error_code: str | None
+    payload: dict[str, Any]
+    queue: str
+    priority: int
+    task_name: str | None
+    dedupe_key: str | None
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    created_at: datetime
+    finished_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: Row[Any]) -> Job:
+        m = row._mapping
+        return cls(
+            id=m["id"],
+            handler=m["handler"],
+            state=m["state"],
+            attempts=m["attempts"],
+            max_attempts=m["max_attempts"],
+            run_at=m["run_at"],
+            last_error_code=m["last_error_code"],
+            payload=decode_payload(m["payload"]),
+            queue=m["queue"],
+            priority=m["priority"],
+            task_name=m["task_name"],
+            dedupe_key=m["dedupe_key"],
+            lease_owner=m["lease_owner"],
+            lease_expires_at=m["lease_expires_at"],
+            created_at=m["created_at"],
+            finished_at=m["finished_at"],
+        )
+
+
+def new_job_values(
+    *,
+    handler: str,
+    payload: str,
+    now: datetime,
+    run_at: datetime | None = None,
+    queue: str = "default",
+    priority: int = 0,
+    max_attempts: int = 3,
+    dedupe_key: str | None = None,
+    task_name: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "handler": handler,
+        "payload": payload,
+        "queue": queue,
+        "priority": priority,
+        "run_at": run_at or now,
+        "state": QUEUED,
+        "attempts": 0,
+        "max_attempts": max_attempts,
+        "dedupe_key": dedupe_key,
+        "task_name": task_name,
+        "created_at": now,
+    }
+
+
+def insert_job(conn: Connection, values: dict[str, Any]) -> int:
+    result = conn.execute(insert(jobs).values(**values))
+    key = result.inserted_primary_key
+    assert key is not None
+    return int(key[0])
+
+
+def enqueue(store: Store, values: dict[str, Any]) -> int:
+    """Insert a job; with a dedupe key, return the active job holding that key if any."""
+    key = values.get("dedupe_key")
+    for _ in range(5):
+        try:
+            with store.begin() as conn:
+                if key is not None:
+                    existing = conn.execute(
+                        select(jobs.c.id).where(jobs.c.dedupe_key == key)
+                    ).scalar()
+                    if existing is not None:
+                        return int(existing)
+                return insert_job(conn, values)
+        except IntegrityError:
+            if key is None:
+                raise
+            # Another process inserted the same key between our check and insert; look again.
+    raise RuntimeError(f"could not enqueue with dedupe key {key!r}: it kept changing hands")
+
+
+def get_job(conn: Connection, job_id: int) -> Job | None:
+    row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
+    return Job.from_row(row) if row is not None else None
+
+
+def _held(owner: str, now: datetime) -> Any:
+    """The guard of every transition after a claim: same owner, unexpired lease."""
+    return and_(jobs.c.state == CLAIMED, jobs.c.lease_owner == owner, jobs.c.lease_expires_at > now)
+
+
+def claim(
+    store: Store,
+    conn: Connection,
+    *,
+    owner: str,
+    now: datetime,
+    lease: timedelta,
+    limit: int = 1,
+    queues: Sequence[str] = ("default",),
+) -> list[Job]:
+    """Move up to ``limit`` ready jobs ``queued -> claimed`` for ``owner``."""
+    ready = (
+        select(jobs.c.id)
+        .where(jobs.c.state == QUEUED, jobs.c.run_at <= now, jobs.c.queue.in_(queues))
+        .order_by(jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id)
+        .limit(limit)
+    )
+    if store.caps.skip_locked:
+        ready = ready.with_for_update(skip_locked=True)
+    claim_values = {
+        "state": CLAIMED,
+        "lease_owner": owner,
+        "lease_expires_at": now + lease,
+        "started_at": now,
+        "attempts": jobs.c.attempts + 1,
+    }
+    if store.caps.update_returning and store.caps.dialect != "mysql":
+        stmt = (
+            update(jobs)
+            .where(jobs.c.id.in_(ready.scalar_subquery()), jobs.c.state == QUEUED)
+            .values(**claim_values)
+            .returning(*jobs.c)
+        )
+        return sorted(
+            (Job.from_row(r) for r in conn.execute(stmt)), key=lambda j: (-j.priority, j.run_at)
+        )
+    # Portable path (MariaDB/MySQL: no UPDATE ... RETURNING, no LIMIT in IN-subqueries).
+    ids = list(conn.execute(ready).scalars())
+    if not ids:
+        return []
+    conn.execute(
+        update(jobs).where(jobs.c.id.in_(ids), jobs.c.state == QUEUED).values(**claim_values)
+    )
+    won = conn.execute(
+        select(jobs)
+        .where(jobs.c.id.in_(ids), jobs.c.state == CLAIMED, jobs.c.lease_owner == owner)
+        .order_by(jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id)
+    )
+    return [Job.from_row(r) for r in won]
+
+
+def expired(conn: Connection, *, now: datetime, limit: int) -> list[Job]:
+    """Claimed jobs whose lease has run out (their worker stopped or stalled)."""
+    stmt = (
+        select(jobs)
+        .where(jobs.c.state == CLAIMED, jobs.c.lease_expires_at <= now)
+        .order_by(jobs.c.lease_expires_at, jobs.c.id)
+        .limit(limit)
+    )
+    return [Job.from_row(r) for r in conn.execute(stmt)]
+
+
+def take_over(
+    conn: Connection, job: Job, *, owner: str, now: datetime, lease: timedelta, rerun: bool
+) -> bool:
+    """Take ``job`` from its stopped owner, conditional on the owner and expiry we saw.
+
+    With ``rerun`` the takeover starts a new attempt. The lost attempt is recorded in the run
+    history. Returns whether this process won.
+    """
+    values: dict[str, Any] = {"lease_owner": owner, "lease_expires_at": now + lease}
+    if rerun:
+        values.update(attempts=jobs.c.attempts + 1, started_at=now)
+    result = conn.execute(
+        update(jobs)
+        .where(
+            jobs.c.id == job.id,
+            jobs.c.state == CLAIMED,
+            jobs.c.lease_owner == job.lease_owner,
+            jobs.c.lease_expires_at == job.lease_expires_at,
+            jobs.c.lease_expires_at <= now,
+        )
+        .values(**values)
+    )
+    if result.rowcount != 1:
+        return False
+    record_run(
+        conn, job, outcome="lost", error_code="lease_expired", now=now, worker=job.lease_owner
+    )
+    return True
+
+
+def abort_expired(conn: Connection, job: Job, *, now: datetime) -> bool:
+    """End a job whose lease expired on its last attempt: ``aborted`` / ``lease_expired``."""
+    result = conn.execute(
+        update(jobs)
+        .where(
+            jobs.c.id == job.id,
+            jobs.c.state == CLAIMED,
+            jobs.c.lease_owner == job.lease_owner,
+            jobs.c.lease_expires_at == job.lease_expires_at,
+            jobs.c.lease_expires_at <= now,
+        )
+        .values(**_finished(ABORTED, now, "lease_expired"))
+    )
+    if result.rowcount != 1:
+        return False
+    record_run(
+        conn, job, outcome="lost", error_code="lease_expired", now=now, worker=job.lease_owner
+    )
+    return True
+
+
+def heartbeat(
+    conn: Connection, job_ids: Iterable[int], *, owner: str, now: datetime, lease: timedelta
+) -> int:
+    """Extend the leases ``owner`` still holds; returns how many were extended."""
+    ids = list(job_ids)
+    if not ids:
+        return 0
+    result = conn.execute(
+        update(jobs)
+        .where(jobs.c.id.in_(ids), _held(owner, now))
+        .values(lease_expires_at=now + lease)
+    )
+    return int(result.rowcount)
+
+
+def _finished(state: str, now: datetime, code: str | None) -> dict[str, Any]:
+    return {
+        "state": state,
+        "finished_at": now,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "dedupe_key": None,
+        "last_error_code": code,
+    }
+
+
+def finish(
+    conn: Connection,
+    job: Job,
+    *,
+    owner: str,
+    now: datetime,
+    state: str,
+    code: str | None = None,
+    run_code: str | None = None,
+    outcome: str | None = None,
+    retry_at: datetime | None = None,
+    started_at: datetime | None = None,
+) -> bool:
+    """Record the end of an attempt, guarded by the lease. False means the lease was lost.
+
+    ``state`` is ``succeeded``, ``aborted`` or ``queued`` (a retry at ``retry_at``).
+    """
+    if state == QUEUED:
+        values: dict[str, Any] = {
+            "state": QUEUED,
+            "run_at": retry_at,
+            "lease_owner": None,
+            "lease_expires_at": None,
+            "last_error_code": code,
+        }
+    else:
+        values = _finished(state, now, code)
+    result = conn.execute(
+        update(jobs).where(jobs.c.id == job.id, _held(owner, now)).values(**values)
+    )
+    if result.rowcount != 1:
+        return False
+    record_run(
+        conn,
+        job,
+        outcome=outcome or state,
+        error_code=run_code or code,
+        now=now,
+        worker=owner,
+        started_at=started_at,
+    )
+    return True
+
+
+def record_run(
+    conn: Connection,
+    job: Job,
+    *,
+    outcome: str,
+    error_code: str | None,
+    now: datetime,
+    worker: str | None,
+    started_at: datetime | None = None,
+) -> None:
+    conn.execute(
+        insert(runs).values(
+            job_id=job.id,
+            attempt=job.attempts,
+            started_at=started_at,
+            finished_at=now,
+            outcome=outcome,
+            error_code=error_code,
+            worker=worker,
+        )
+    )
+
+
+def history(conn: Connection, job_id: int) -> list[dict[str, Any]]:
+    stmt = select(runs).where(runs.c.job_id == job_id).order_by(runs.c.id)
+    return [dict(r._mapping) for r in conn.execute(stmt)]
+
+
+def counts(conn: Connection) -> dict[str, int]:
+    found = dict(conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).tuples())
+    return {state: int(found.get(state, 0)) for state in STATES}
+
+
+def purge(
+    conn: Connection, *, now: datetime, succeeded_after: timedelta, aborted_after: timedelta
+) -> int:
+    """Delete old finished jobs and their history; a job a row still points at is kept."""
+    in_use = select(rows.c.last_job_id).where(rows.c.last_job_id.is_not(None))
+    old = select(jobs.c.id).where(
+        ((jobs.c.state == SUCCEEDED) & (jobs.c.finished_at < now - succeeded_after))
+        | ((jobs.c.state == ABORTED) & (jobs.c.finished_at < now - aborted_after)),
+        jobs.c.id.not_in(in_use),
+    )
+    ids = list(conn.execute(old).scalars())
+    deleted = 0
+    for start in range(0, len(ids), 500):
+        chunk = ids[start : start + 500]
+        conn.execute(delete(runs).where(runs.c.job_id.in_(chunk)))
+        deleted += conn.execute(delete(jobs).where(jobs.c.id.in_(chunk))).rowcount
+    return deleted

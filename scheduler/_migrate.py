@@ -1,0 +1,66 @@
+"""Schema migrations (Alembic), run on our own connection with our own version table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection
+
+from ._errors import SchemaOutdated
+from ._store import Store
+
+VERSION_TABLE = "scheduler_alembic_version"
+
+
+def migrations_dir() -> Path:
+    """The shipped migrations: inside the wheel, or the repository's ``migrations/``."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "migrations", here.parent / "migrations"):
+        if (candidate / "env.py").is_file():
+            return candidate
+    raise RuntimeError("scheduler's migrations are missing from this installation")
+
+
+def _config(connection: Connection | None = None) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(store: Store) -> str | None:
+    with store.read() as conn:
+        context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        return context.get_current_revision()
+
+
+def upgrade(store: Store, revision: str = "head") -> None:
+    with store.begin() as conn:
+        command.upgrade(_config(conn), revision)
+
+
+def downgrade(store: Store, revision: str) -> None:
+    with store.begin() as conn:
+        command.downgrade(_config(conn), revision)
+
+
+def check_schema(store: Store) -> None:
+    """Raise :class:`SchemaOutdated` unless the database is at the head revision."""
+    current = current_revision(store)
+    head = head_revision()
+    if current != head:
+        raise SchemaOutdated(
+            f"database schema is at revision {current or 'none'}, this version needs {head}:"
+            " run `scheduler migrate`"
+        )

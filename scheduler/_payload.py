@@ -1,0 +1,77 @@
+"""Payload rules: small JSON objects, no credential-like keys at any depth."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from ._errors import PayloadError
+
+DEFAULT_PAYLOAD_LIMIT = 64 * 1024
+
+# Matched case-insensitively against each key with separators removed, so that
+# "api_key", "API-Key" and "apiKey" are all caught.
+_CREDENTIAL = re.compile(
+    r"(password|passwd|passphrase|secret|token|apikey|authorization|credentials?"
+    r"|privatekey|session|cookie|accesskey)",
+)
+
+
+def is_credential_key(key: str) -> bool:
+    """Whether ``key`` looks like it names a credential."""
+    return _CREDENTIAL.search(re.sub(r"[\s_\-.]", "", key).lower()) is not None
+
+
+def find_credential_key(value: Any, path: str = "") -> str | None:
+    """Return the dotted path of the first credential-like key in ``value``, or None."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            here = f"{path}.{key}" if path else str(key)
+            if is_credential_key(str(key)):
+                return here
+            found = find_credential_key(item, here)
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = find_credential_key(item, f"{path}[{index}]")
+            if found:
+                return found
+    return None
+
+
+def encode_payload(payload: Any, limit: int = DEFAULT_PAYLOAD_LIMIT) -> str:
+    """Validate ``payload`` and return its compact JSON text.
+
+    Raises :class:`PayloadError` for a non-object, non-JSON values, an oversized payload or a
+    credential-like key (the key's path is named, its value never).
+    """
+    if payload is None:
+        payload = {}
+    if not isinstance(payload, Mapping):
+        raise PayloadError(f"payload must be a JSON object (a dict), not {type(payload).__name__}")
+    found = find_credential_key(payload)
+    if found:
+        raise PayloadError(
+            f"payload key {found!r} looks like a credential; pass a reference"
+            " (for example a secret's name), never the secret itself"
+        )
+    try:
+        text = json.dumps(payload, separators=(",", ":"), sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"payload is not JSON-serialisable: {exc}") from None
+    size = len(text.encode())
+    if size > limit:
+        raise PayloadError(f"payload is {size} bytes, over the {limit}-byte limit")
+    return text
+
+
+def decode_payload(text: str | None) -> dict[str, Any]:
+    """Parse stored payload text back into a dict."""
+    if not text:
+        return {}
+    value = json.loads(text)
+    assert isinstance(value, dict)
+    return value

@@ -1,0 +1,236 @@
+"""Running jobs: take over stopped work first, claim, call the handler, record the outcome."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from . import _jobs, signals
+from ._errors import LeaseLost, PermanentError
+from ._handlers import Handler, Registry, error_code
+from ._jobs import ABORTED, QUEUED, SUCCEEDED, Job
+from ._store import Store
+
+log = logging.getLogger(__name__)
+
+
+class RunningJob:
+    """What a handler receives."""
+
+    def __init__(self, job: Job, runner: Runner) -> None:
+        self.id = job.id
+        self.handler = job.handler
+        self.payload = job.payload
+        self.attempt = job.attempts
+        self.max_attempts = job.max_attempts
+        self.task_name = job.task_name
+        self.queue = job.queue
+        self._runner = runner
+
+    def heartbeat(self) -> None:
+        """Extend this job's lease; raises :class:`LeaseLost` if it was already lost."""
+        if not self._runner.extend([self.id]):
+            raise LeaseLost()
+
+    def __repr__(self) -> str:
+        return f"<job {self.id} {self.handler} attempt {self.attempt}/{self.max_attempts}>"
+
+
+class Runner:
+    """Executes jobs for one lease owner."""
+
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        *,
+        owner: str,
+        clock: Callable[[], datetime],
+        lease: timedelta,
+        backoff_base: timedelta,
+        backoff_max: timedelta,
+        queues: tuple[str, ...] = ("default",),
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.owner = owner
+        self.clock = clock
+        self.lease = lease
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.queues = queues
+
+    # -- acquiring work ---------------------------------------------------------------
+    def take_over(self, limit: int = 10) -> list[Job]:
+        """Deal with expired leases; return the jobs this runner should now run again."""
+        now = self.clock()
+        with self.store.read() as conn:
+            stale = _jobs.expired(conn, now=now, limit=limit)
+        rerun: list[Job] = []
+        for job in stale:
+            handler = self.registry.get(job.handler)
+            if handler is not None and not handler.retry_safe:
+                with self.store.begin() as conn:
+                    won = _jobs.take_over(
+                        conn, job, owner=self.owner, now=now, lease=self.lease, rerun=False
+                    )
+                if won:
+                    taken = dataclasses.replace(job, lease_owner=self.owner)
+                    self._abandon(taken, handler, "lease_expired")
+            elif job.attempts >= job.max_attempts:
+                with self.store.begin() as conn:
+                    won = _jobs.abort_expired(conn, job, now=now)
+                if won:
+                    log.warning(
+                        "job %s: lease expired on its last attempt", job.id,
+                        extra={"action": "job_lease_expired", "job_id": job.id},
+                    )
+                    self._signal_aborted(job, "lease_expired")
+            else:
+                with self.store.begin() as conn:
+                    won = _jobs.take_over(
+                        conn, job, owner=self.owner, now=now, lease=self.lease, rerun=True
+                    )
+                if won:
+                    log.info(
+                        "job %s: taken over from stopped worker %s", job.id, job.lease_owner,
+                        extra={"action": "job_taken_over", "job_id": job.id},
+                    )
+                    rerun.append(
+                        dataclasses.replace(
+                            job, attempts=job.attempts + 1, lease_owner=self.owner,
+                            lease_expires_at=now + self.lease,
+                        )
+                    )
+        return rerun
+
+    def claim(self, limit: int = 1) -> list[Job]:
+        now = self.clock()
+        with self.store.begin() as conn:
+            return _jobs.claim(
+                self.store, conn, owner=self.owner, now=now, lease=self.lease, limit=limit,
+                queues=self.queues,
+            )
+
+    def extend(self, job_ids: list[int]) -> int:
+        """Renew the leases this runner holds on ``job_ids``; returns how many it still holds."""
+        with self.store.begin() as conn:
+            return _jobs.heartbeat(
+                conn, job_ids, owner=self.owner, now=self.clock(), lease=self.lease
+            )
+
+    # -- running ----------------------------------------------------------------------
+    def run(self, job: Job) -> str:
+        """Run one claimed job to an outcome; returns it (or ``lease_lost``)."""
+        handler = self.registry.get(job.handler)
+        started = self.clock()
+        if handler is None:
+            log.error(
+                "job %s: no handler registered for %r", job.id, job.handler,
+                extra={"action": "job_no_handler", "job_id": job.id},
+            )
+            return self._finish(job, ABORTED, "no_handler", started=started)
+        try:
+            handler.func(RunningJob(job, self))
+        except PermanentError as exc:
+            log.warning(
+                "job %s (%s) failed permanently: %s", job.id, job.handler, exc,
+                extra={"action": "job_permanent_error", "job_id": job.id, "code": exc.code},
+            )
+            return self._finish(job, ABORTED, exc.code[:200] or "permanent_error",
+                                started=started)
+        except Exception as exc:
+            code = error_code(exc)
+            log.warning(
+                "job %s (%s) attempt %s/%s raised %s: %s", job.id, job.handler, job.attempts,
+                job.max_attempts, code, exc,
+                extra={"action": "job_attempt_failed", "job_id": job.id, "code": code},
+            )
+            if not handler.retry_safe:
+                return self._abandon(job, handler, code, started=started)
+            if job.attempts >= job.max_attempts:
+                return self._finish(job, ABORTED, code, started=started)
+            retry_at = self.clock() + self.backoff(job.attempts)
+            return self._finish(job, QUEUED, code, started=started, retry_at=retry_at)
+        return self._finish(job, SUCCEEDED, None, started=started)
+
+    def backoff(self, attempts: int) -> timedelta:
+        """1, 2, 4 ... times the base after each failed attempt, capped."""
+        factor = 2 ** min(max(attempts - 1, 0), 40)
+        return min(self.backoff_base * factor, self.backoff_max)
+
+    def _abandon(self, job: Job, handler: Handler, cause: str,
+                 started: datetime | None = None) -> str:
+        hook = handler.abandoned or getattr(handler.func, "abandoned", None)
+        if hook is not None:
+            try:
+                hook(RunningJob(job, self))
+            except Exception:
+                log.exception(
+                    "job %s: abandoned() hook of %r raised", job.id, job.handler,
+                    extra={"action": "abandoned_hook_failed", "job_id": job.id},
+                )
+        outcome = self._finish(job, ABORTED, "abandoned", started=started, run_code=cause,
+                               outcome="abandoned")
+        if outcome == ABORTED:
+            signals.send(signals.job_abandoned, job.handler, job=self._view(job),
+                         error_code=cause)
+        return "abandoned" if outcome == ABORTED else outcome
+
+    def _finish(
+        self,
+        job: Job,
+        state: str,
+        code: str | None,
+        *,
+        started: datetime,
+        retry_at: datetime | None = None,
+        run_code: str | None = None,
+        outcome: str | None = None,
+    ) -> str:
+        now = self.clock()
+        with self.store.begin() as conn:
+            ok = _jobs.finish(
+                conn, job, owner=self.owner, now=now, state=state, code=code,
+                run_code=run_code, outcome=outcome or ("failed" if state == QUEUED else state),
+                retry_at=retry_at, started_at=started,
+            )
+            view = _jobs.get_job(conn, job.id) if ok else None
+        if not ok or view is None:
+            log.warning(
+                "job %s: lease lost before it finished; its result is discarded", job.id,
+                extra={"action": "job_lease_lost", "job_id": job.id},
+            )
+            return "lease_lost"
+        if state == SUCCEEDED:
+            signals.send(signals.job_succeeded, job.handler, job=view)
+        elif state == QUEUED:
+            signals.send(signals.job_failed, job.handler, job=view, error_code=code,
+                         retry_at=retry_at)
+        else:
+            signals.send(signals.job_aborted, job.handler, job=view, error_code=code)
+        return state
+
+    def _signal_aborted(self, job: Job, code: str) -> None:
+        with self.store.read() as conn:
+            view = _jobs.get_job(conn, job.id)
+        signals.send(signals.job_aborted, job.handler, job=view, error_code=code)
+
+    def _view(self, job: Job) -> Job | None:
+        with self.store.read() as conn:
+            return _jobs.get_job(conn, job.id)
+
+    # -- the simple loop ----------------------------------------------------------------
+    def work(self, limit: int | None = None) -> int:
+        """Run ready jobs one at a time until none is ready; returns how many were handled."""
+        handled = 0
+        while limit is None or handled < limit:
+            batch = self.take_over() or self.claim(1)
+            if not batch:
+                break
+            for job in batch:
+                self.run(job)
+                handled += 1
+        return handled

@@ -1,0 +1,100 @@
+"""The engine: one SQLAlchemy Core adapter for SQLite, PostgreSQL and MariaDB/MySQL.
+
+SQLite gets WAL, a busy timeout and ``BEGIN IMMEDIATE`` for every transaction (a read that
+later writes must hold the write lock from the start, or it fails at once with "database is
+locked"). Capability flags are detected once per engine; correctness never depends on them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+log = logging.getLogger(__name__)
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the engine offers beyond the portable path."""
+
+    dialect: str
+    update_returning: bool
+    skip_locked: bool
+
+
+def _sqlite_hooks(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control away from the sqlite3 module (legacy mode on 3.11).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        if conn.get_execution_options().get("scheduler_readonly"):
+            conn.exec_driver_sql("BEGIN")
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """Create an engine with our per-dialect settings."""
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    options: dict[str, Any] = {}
+    if backend in ("mysql", "mariadb"):
+        options.update(pool_pre_ping=True, pool_recycle=3600)
+    elif backend == "postgresql":
+        options.update(pool_pre_ping=True)
+    options.update(kwargs)
+    engine = create_engine(parsed, **options)
+    if backend == "sqlite":
+        _sqlite_hooks(engine)
+    return engine
+
+
+class Store:
+    """An engine plus the capability flags of its dialect."""
+
+    def __init__(self, url_or_engine: str | Engine) -> None:
+        self.engine = (
+            make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
+        )
+        dialect = self.engine.dialect
+        name = dialect.name
+        self.caps = Capabilities(
+            dialect=name,
+            # MariaDB has INSERT/DELETE ... RETURNING but no UPDATE ... RETURNING.
+            update_returning=bool(getattr(dialect, "update_returning", False)),
+            skip_locked=name in ("postgresql", "mysql", "mariadb"),
+        )
+
+    @contextmanager
+    def begin(self) -> Iterator[Connection]:
+        """A write transaction (``BEGIN IMMEDIATE`` on SQLite)."""
+        with self.engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A read-only transaction (a plain deferred ``BEGIN`` on SQLite)."""
+        with self.engine.connect() as conn:
+            conn = conn.execution_options(scheduler_readonly=True)
+            with conn.begin():
+                yield conn
+
+    def dispose(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,130 @@
+"""All tables, in one MetaData. The migrations must produce exactly this schema."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Dialect,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.dialects import mysql
+
+from ._time import as_utc
+
+metadata = MetaData()
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stores naive UTC (microseconds kept on every engine), returns aware UTC."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        if dialect.name in ("mysql", "mariadb"):
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        return dialect.type_descriptor(DateTime())
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return as_utc(value).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC)
+
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY; elsewhere ids are 64-bit.
+Id = BigInteger().with_variant(Integer(), "sqlite")
+
+jobs = Table(
+    "scheduler_jobs",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("handler", String(200), nullable=False),
+    Column("payload", Text, nullable=False),
+    Column("queue", String(100), nullable=False),
+    Column("priority", Integer, nullable=False),
+    Column("run_at", UTCDateTime, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("max_attempts", Integer, nullable=False),
+    Column("lease_owner", String(200)),
+    Column("lease_expires_at", UTCDateTime),
+    Column("started_at", UTCDateTime),
+    Column("last_error_code", String(200)),
+    # Set only while the job is active (queued or claimed); NULLs never collide, so the
+    # unique constraint is "at most one active job per key" on every engine.
+    Column("dedupe_key", String(200), unique=True),
+    Column("task_name", String(200)),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("finished_at", UTCDateTime),
+    Index("ix_scheduler_jobs_ready", "state", "run_at"),
+    Index("ix_scheduler_jobs_lease", "state", "lease_expires_at"),
+    Index("ix_scheduler_jobs_finished", "state", "finished_at"),
+)
+
+runs = Table(
+    "scheduler_runs",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("job_id", Id, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("started_at", UTCDateTime),
+    Column("finished_at", UTCDateTime, nullable=False),
+    Column("outcome", String(32), nullable=False),
+    Column("error_code", String(200)),
+    Column("worker", String(200)),
+    Index("ix_scheduler_runs_job", "job_id"),
+)
+
+rows = Table(
+    "scheduler_rows",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("handler", String(200), nullable=False),
+    Column("payload", Text, nullable=False),
+    Column("cron", String(200), nullable=False),
+    Column("timezone", String(64), nullable=False),
+    Column("concurrent", Boolean, nullable=False),
+    Column("enabled", Boolean, nullable=False),
+    Column("next_run_at", UTCDateTime),
+    Column("last_job_id", Id),
+    Column("consecutive_failures", Integer, nullable=False),
+    Column("max_consecutive_failures", Integer),
+    Column("disabled_reason", String(64)),
+    Column("disabled_at", UTCDateTime),
+    # Outbox: set with a disable in the same transaction, cleared once the receivers ran.
+    Column("alert_id", String(64)),
+    # The compare-and-swap token: every write to a row bumps it.
+    Column("version", Integer, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Index("ix_scheduler_rows_due", "enabled", "next_run_at"),
+)
+
+workers = Table(
+    "scheduler_workers",
+    metadata,
+    Column("id", String(200), primary_key=True),
+    Column("hostname", String(200), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("started_at", UTCDateTime, nullable=False),
+    Column("last_seen_at", UTCDateTime, nullable=False),
+    Column("last_tick_at", UTCDateTime),
+)

@@ -1,0 +1,77 @@
+"""Signals, in one blinker namespace of our own.
+
+Every signal is sent after its transaction committed, by the one process whose conditional
+update won. Each receiver is called on its own: one that raises is logged and the others still
+run. blinker holds receivers by weak reference: connect module-level functions, or pass
+``weak=False`` (a lambda or closure connected inside a function is collected and never fires).
+
+Senders: the task (row) name for ``row_disabled``, ``job_dispatched`` and ``job_rerun``; the
+handler name for the ``job_*`` outcome signals. Filter with ``connect(fn, sender="name")``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from blinker import NamedSignal, Namespace
+
+log = logging.getLogger(__name__)
+
+_signals = Namespace()
+
+row_disabled: NamedSignal = _signals.signal(
+    "row-disabled",
+    doc="A row reached its failure limit and was disabled. kw: row, consecutive_failures,"
+    " last_error_code, job_id, disabled_at, alert_id (stable: drop repeats by it).",
+)
+job_dispatched: NamedSignal = _signals.signal(
+    "job-dispatched", doc="The tick created a fresh job for a row. kw: row, job_id, slot."
+)
+job_rerun: NamedSignal = _signals.signal(
+    "job-rerun",
+    doc="The tick reset a row's aborted job in place. kw: row, job_id, consecutive_failures.",
+)
+job_succeeded: NamedSignal = _signals.signal(
+    "job-succeeded", doc="A job finished. kw: job (a Job view)."
+)
+job_failed: NamedSignal = _signals.signal(
+    "job-failed",
+    doc="An attempt failed and the job will retry. kw: job, error_code, retry_at.",
+)
+job_aborted: NamedSignal = _signals.signal(
+    "job-aborted", doc="A job ended aborted (terminal). kw: job, error_code."
+)
+job_abandoned: NamedSignal = _signals.signal(
+    "job-abandoned",
+    doc="A job that is not retry-safe was abandoned after a crash or a raise; its"
+    " handler's abandoned() hook ran. kw: job, error_code.",
+)
+
+__all__ = [
+    "job_abandoned",
+    "job_aborted",
+    "job_dispatched",
+    "job_failed",
+    "job_rerun",
+    "job_succeeded",
+    "row_disabled",
+    "send",
+]
+
+
+def send(signal: NamedSignal, sender: str, **kwargs: Any) -> int:
+    """Call each receiver of ``signal`` for ``sender`` on its own; return how many raised."""
+    failures = 0
+    for receiver in list(signal.receivers_for(sender)):
+        try:
+            receiver(sender, **kwargs)
+        except Exception:
+            failures += 1
+            log.exception(
+                "signal receiver %r for %s raised",
+                receiver,
+                signal.name,
+                extra={"action": "signal_receiver_failed", "signal": signal.name},
+            )
+    return failures
