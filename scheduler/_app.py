@@ -226,6 +226,12 @@ class Scheduler:
                 aborted_after=timedelta(days=w.purge_aborted_after_days),
             )
 
+    def status(self) -> dict[str, Any]:
+        """Rows, job counts and health: the data of ``scheduler status --json`` (SPEC §5)."""
+        from . import _health
+
+        return _health.status(self)
+
     def close(self) -> None:
         self.store.dispose()
 
