@@ -53,15 +53,29 @@ def deliver(conn: Connection, alert: Alert) -> None:
 def pending(conn: Connection, *, now: datetime, older_than: timedelta) -> list[Alert]:
     """Alerts committed at least ``older_than`` ago whose receivers never ran."""
     stmt = (
-        select(rows.c.id, rows.c.name, rows.c.consecutive_failures, rows.c.last_job_id,
-               rows.c.disabled_at, rows.c.alert_id, jobs.c.last_error_code)
+        select(
+            rows.c.id,
+            rows.c.name,
+            rows.c.consecutive_failures,
+            rows.c.last_job_id,
+            rows.c.disabled_at,
+            rows.c.alert_id,
+            jobs.c.last_error_code,
+        )
         .select_from(rows.outerjoin(jobs, jobs.c.id == rows.c.last_job_id))
         .where(rows.c.alert_id.is_not(None), rows.c.disabled_at <= now - older_than)
         .order_by(rows.c.disabled_at)
     )
     return [
-        Alert(r.id, r.name, r.consecutive_failures, r.last_error_code, r.last_job_id,
-              r.disabled_at, r.alert_id)
+        Alert(
+            r.id,
+            r.name,
+            r.consecutive_failures,
+            r.last_error_code,
+            r.last_job_id,
+            r.disabled_at,
+            r.alert_id,
+        )
         for r in conn.execute(stmt)
     ]
 
@@ -70,7 +84,10 @@ def deliver_pending(conn: Connection, *, now: datetime, older_than: timedelta) -
     with conn.begin():
         found = pending(conn, now=now, older_than=older_than)
     for alert in found:
-        log.warning("delivering a row_disabled alert for %s left undelivered", alert.row,
-                    extra={"action": "alert_redelivered", "row": alert.row})
+        log.warning(
+            "delivering a row_disabled alert for %s left undelivered",
+            alert.row,
+            extra={"action": "alert_redelivered", "row": alert.row},
+        )
         deliver(conn, alert)
     return len(found)

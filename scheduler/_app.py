@@ -81,8 +81,12 @@ class Scheduler:
     @classmethod
     def from_config(cls, config: AppConfig, **kwargs: Any) -> Scheduler:
         return cls(
-            config.database_url, tasks=config.tasks, settings=config.scheduler,
-            worker=config.worker, config_path=config.path, **kwargs,
+            config.database_url,
+            tasks=config.tasks,
+            settings=config.scheduler,
+            worker=config.worker,
+            config_path=config.path,
+            **kwargs,
         )
 
     # -- handlers -----------------------------------------------------------------------
@@ -120,14 +124,18 @@ class Scheduler:
             self._schema_ok = True
 
     # -- rows -----------------------------------------------------------------------------
-    def sync(self, tasks: Iterable[TaskSpec] | None = None, *, dry_run: bool = False
-             ) -> SyncPlan:
+    def sync(self, tasks: Iterable[TaskSpec] | None = None, *, dry_run: bool = False) -> SyncPlan:
         """Make the rows match the TOML tasks atomically; ``dry_run`` only plans."""
         self.check_schema()
         chosen = self.tasks if tasks is None else tuple(tasks)
         with self.store.begin() as conn:
-            return _rows.sync(conn, chosen, now=self.clock(),
-                              payload_limit=self.settings.payload_limit_bytes, dry_run=dry_run)
+            return _rows.sync(
+                conn,
+                chosen,
+                now=self.clock(),
+                payload_limit=self.settings.payload_limit_bytes,
+                dry_run=dry_run,
+            )
 
     def tick(self, now: datetime | None = None) -> TickReport:
         """Dispatch, rerun, hold back or disable every due row; see SPEC §2."""
@@ -185,9 +193,13 @@ class Scheduler:
         if max_attempts is not None and max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         values = _jobs.new_job_values(
-            handler=handler, payload=text, now=self.clock(),
-            run_at=as_utc(run_at) if run_at is not None else None, priority=priority,
-            dedupe_key=dedupe_key, queue=queue or default_queue,
+            handler=handler,
+            payload=text,
+            now=self.clock(),
+            run_at=as_utc(run_at) if run_at is not None else None,
+            priority=priority,
+            dedupe_key=dedupe_key,
+            queue=queue or default_queue,
             max_attempts=max_attempts or default_attempts,
         )
         return _jobs.enqueue(self.store, values)
@@ -204,7 +216,10 @@ class Scheduler:
     def runner(self) -> Runner:
         w = self.worker_settings
         return Runner(
-            self.store, self.registry, owner=self.worker_id, clock=self.clock,
+            self.store,
+            self.registry,
+            owner=self.worker_id,
+            clock=self.clock,
             lease=timedelta(seconds=w.lease_seconds),
             backoff_base=timedelta(seconds=self.settings.backoff_base_seconds),
             backoff_max=timedelta(seconds=self.settings.backoff_max_seconds),
@@ -221,7 +236,8 @@ class Scheduler:
         w = self.worker_settings
         with self.store.begin() as conn:
             return _jobs.purge(
-                conn, now=self.clock(),
+                conn,
+                now=self.clock(),
                 succeeded_after=timedelta(days=w.purge_succeeded_after_days),
                 aborted_after=timedelta(days=w.purge_aborted_after_days),
             )

@@ -4,21 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-
-class JobContext(Protocol):
-    """What a handler receives: ``job.id``, ``job.payload``, ``job.attempt``, ``job.heartbeat()``."""
-
-    id: int
-    handler: str
-    payload: dict[str, Any]
-    attempt: int
-    max_attempts: int
-    task_name: str | None
-
-    def heartbeat(self) -> None: ...
-
+from typing import Any
 
 HandlerFunc = Callable[[Any], Any]
 AbandonedHook = Callable[[Any], Any]

@@ -7,6 +7,7 @@ lease owner and an unexpired lease (a takeover requires the *old* owner and expi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -282,10 +283,11 @@ def finish(
     outcome: str | None = None,
     retry_at: datetime | None = None,
     started_at: datetime | None = None,
-) -> bool:
-    """Record the end of an attempt, guarded by the lease. False means the lease was lost.
+) -> Job | None:
+    """Record the end of an attempt, guarded by the lease; returns the job as it now stands.
 
-    ``state`` is ``succeeded``, ``aborted`` or ``queued`` (a retry at ``retry_at``).
+    ``state`` is ``succeeded``, ``aborted`` or ``queued`` (a retry at ``retry_at``). None means
+    the lease was lost: nothing was written.
     """
     if state == QUEUED:
         values: dict[str, Any] = {
@@ -301,7 +303,7 @@ def finish(
         update(jobs).where(jobs.c.id == job.id, _held(owner, now)).values(**values)
     )
     if result.rowcount != 1:
-        return False
+        return None
     record_run(
         conn,
         job,
@@ -311,7 +313,7 @@ def finish(
         worker=owner,
         started_at=started_at,
     )
-    return True
+    return dataclasses.replace(job, **values)
 
 
 def record_run(
@@ -343,7 +345,9 @@ def history(conn: Connection, job_id: int) -> list[dict[str, Any]]:
 
 
 def counts(conn: Connection) -> dict[str, int]:
-    found = dict(conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).tuples())
+    found: dict[str, int] = dict(
+        conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).tuples()
+    )
     return {state: int(found.get(state, 0)) for state in STATES}
 
 

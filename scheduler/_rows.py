@@ -51,13 +51,20 @@ def _select_rows() -> Any:
 def _view(r: Any) -> TaskRow:
     m = r._mapping
     return TaskRow(
-        name=m["name"], handler=m["handler"], payload=decode_payload(m["payload"]),
-        cron=m["cron"], timezone=m["timezone"], concurrent=bool(m["concurrent"]),
-        enabled=bool(m["enabled"]), next_run_at=m["next_run_at"],
-        last_job_id=m["last_job_id"], last_job_state=m["last_job_state"],
+        name=m["name"],
+        handler=m["handler"],
+        payload=decode_payload(m["payload"]),
+        cron=m["cron"],
+        timezone=m["timezone"],
+        concurrent=bool(m["concurrent"]),
+        enabled=bool(m["enabled"]),
+        next_run_at=m["next_run_at"],
+        last_job_id=m["last_job_id"],
+        last_job_state=m["last_job_state"],
         consecutive_failures=m["consecutive_failures"],
         max_consecutive_failures=m["max_consecutive_failures"],
-        disabled_reason=m["disabled_reason"], disabled_at=m["disabled_at"],
+        disabled_reason=m["disabled_reason"],
+        disabled_at=m["disabled_at"],
         version=m["version"],
     )
 
@@ -73,7 +80,8 @@ def all_rows(conn: Connection) -> list[TaskRow]:
 
 def _write(conn: Connection, name: str, now: datetime, **values: Any) -> None:
     result = conn.execute(
-        update(rows).where(rows.c.name == name)
+        update(rows)
+        .where(rows.c.name == name)
         .values(version=rows.c.version + 1, updated_at=now, **values)
     )
     if result.rowcount != 1:
@@ -85,9 +93,16 @@ def enable(conn: Connection, name: str, now: datetime) -> None:
     row = get_row(conn, name)
     if row is None:
         raise UnknownRow(f"no scheduler row named {name!r} (run `scheduler sync`?)")
-    _write(conn, name, now, enabled=True, disabled_reason=None, disabled_at=None,
-           consecutive_failures=0,
-           next_run_at=_cron.next_after(row.cron, row.timezone, now, row.name))
+    _write(
+        conn,
+        name,
+        now,
+        enabled=True,
+        disabled_reason=None,
+        disabled_at=None,
+        consecutive_failures=0,
+        next_run_at=_cron.next_after(row.cron, row.timezone, now, row.name),
+    )
 
 
 def disable(conn: Connection, name: str, now: datetime, reason: str = REASON_MANUAL) -> None:
@@ -115,8 +130,12 @@ class SyncPlan:
     disable: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, list[str]]:
-        return {"insert": self.insert, "update": self.update, "unchanged": self.unchanged,
-                "disable": self.disable}
+        return {
+            "insert": self.insert,
+            "update": self.update,
+            "unchanged": self.unchanged,
+            "disable": self.disable,
+        }
 
 
 def _definition(task: Any, payload_limit: int) -> dict[str, Any]:
@@ -130,8 +149,14 @@ def _definition(task: Any, payload_limit: int) -> dict[str, Any]:
     }
 
 
-def sync(conn: Connection, tasks: Iterable[Any], *, now: datetime, payload_limit: int,
-         dry_run: bool = False) -> SyncPlan:
+def sync(
+    conn: Connection,
+    tasks: Iterable[Any],
+    *,
+    now: datetime,
+    payload_limit: int,
+    dry_run: bool = False,
+) -> SyncPlan:
     """Make the rows match ``tasks`` (validated ``TaskSpec`` objects) in one transaction."""
     plan = SyncPlan()
     existing = {r.name: r for r in conn.execute(select(rows))}
@@ -143,22 +168,32 @@ def sync(conn: Connection, tasks: Iterable[Any], *, now: datetime, payload_limit
         if current is None:
             plan.insert.append(task.name)
             if not dry_run:
-                conn.execute(insert(rows).values(
-                    name=task.name, **definition, enabled=task.enabled,
-                    disabled_reason=None if task.enabled else REASON_CONFIG,
-                    disabled_at=None if task.enabled else now,
-                    next_run_at=_cron.next_after(task.cron, task.timezone, now, task.name),
-                    consecutive_failures=0, version=1, created_at=now, updated_at=now,
-                ))
+                conn.execute(
+                    insert(rows).values(
+                        name=task.name,
+                        **definition,
+                        enabled=task.enabled,
+                        disabled_reason=None if task.enabled else REASON_CONFIG,
+                        disabled_at=None if task.enabled else now,
+                        next_run_at=_cron.next_after(task.cron, task.timezone, now, task.name),
+                        consecutive_failures=0,
+                        version=1,
+                        created_at=now,
+                        updated_at=now,
+                    )
+                )
             continue
         changes = {k: v for k, v in definition.items() if getattr(current, k) != v}
         if "cron" in changes or "timezone" in changes:
             changes["next_run_at"] = _cron.next_after(task.cron, task.timezone, now, task.name)
         if task.enabled and not current.enabled and current.disabled_reason in _CONFIG_REASONS:
-            changes.update(enabled=True, disabled_reason=None, disabled_at=None,
-                           consecutive_failures=0,
-                           next_run_at=_cron.next_after(task.cron, task.timezone, now,
-                                                        task.name))
+            changes.update(
+                enabled=True,
+                disabled_reason=None,
+                disabled_at=None,
+                consecutive_failures=0,
+                next_run_at=_cron.next_after(task.cron, task.timezone, now, task.name),
+            )
         elif not task.enabled and current.enabled:
             changes.update(enabled=False, disabled_reason=REASON_CONFIG, disabled_at=now)
         if not changes:

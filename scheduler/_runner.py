@@ -84,7 +84,8 @@ class Runner:
                     won = _jobs.abort_expired(conn, job, now=now)
                 if won:
                     log.warning(
-                        "job %s: lease expired on its last attempt", job.id,
+                        "job %s: lease expired on its last attempt",
+                        job.id,
                         extra={"action": "job_lease_expired", "job_id": job.id},
                     )
                     self._signal_aborted(job, "lease_expired")
@@ -95,12 +96,16 @@ class Runner:
                     )
                 if won:
                     log.info(
-                        "job %s: taken over from stopped worker %s", job.id, job.lease_owner,
+                        "job %s: taken over from stopped worker %s",
+                        job.id,
+                        job.lease_owner,
                         extra={"action": "job_taken_over", "job_id": job.id},
                     )
                     rerun.append(
                         dataclasses.replace(
-                            job, attempts=job.attempts + 1, lease_owner=self.owner,
+                            job,
+                            attempts=job.attempts + 1,
+                            lease_owner=self.owner,
                             lease_expires_at=now + self.lease,
                         )
                     )
@@ -110,7 +115,12 @@ class Runner:
         now = self.clock()
         with self.store.begin() as conn:
             return _jobs.claim(
-                self.store, conn, owner=self.owner, now=now, lease=self.lease, limit=limit,
+                self.store,
+                conn,
+                owner=self.owner,
+                now=now,
+                lease=self.lease,
+                limit=limit,
                 queues=self.queues,
             )
 
@@ -128,7 +138,9 @@ class Runner:
         started = self.clock()
         if handler is None:
             log.error(
-                "job %s: no handler registered for %r", job.id, job.handler,
+                "job %s: no handler registered for %r",
+                job.id,
+                job.handler,
                 extra={"action": "job_no_handler", "job_id": job.id},
             )
             return self._finish(job, ABORTED, "no_handler", started=started)
@@ -136,16 +148,23 @@ class Runner:
             handler.func(RunningJob(job, self))
         except PermanentError as exc:
             log.warning(
-                "job %s (%s) failed permanently: %s", job.id, job.handler, exc,
+                "job %s (%s) failed permanently: %s",
+                job.id,
+                job.handler,
+                exc,
                 extra={"action": "job_permanent_error", "job_id": job.id, "code": exc.code},
             )
-            return self._finish(job, ABORTED, exc.code[:200] or "permanent_error",
-                                started=started)
+            return self._finish(job, ABORTED, exc.code[:200] or "permanent_error", started=started)
         except Exception as exc:
             code = error_code(exc)
             log.warning(
-                "job %s (%s) attempt %s/%s raised %s: %s", job.id, job.handler, job.attempts,
-                job.max_attempts, code, exc,
+                "job %s (%s) attempt %s/%s raised %s: %s",
+                job.id,
+                job.handler,
+                job.attempts,
+                job.max_attempts,
+                code,
+                exc,
                 extra={"action": "job_attempt_failed", "job_id": job.id, "code": code},
             )
             if not handler.retry_safe:
@@ -159,24 +178,32 @@ class Runner:
     def backoff(self, attempts: int) -> timedelta:
         """1, 2, 4 ... times the base after each failed attempt, capped."""
         factor = 2 ** min(max(attempts - 1, 0), 40)
-        return min(self.backoff_base * factor, self.backoff_max)
+        delay: timedelta = min(self.backoff_base * factor, self.backoff_max)
+        return delay
 
-    def _abandon(self, job: Job, handler: Handler, cause: str,
-                 started: datetime | None = None) -> str:
+    def _abandon(
+        self, job: Job, handler: Handler, cause: str, started: datetime | None = None
+    ) -> str:
+        """Run the ``abandoned`` hook (isolated), then end the job ``aborted``/``abandoned``."""
         hook = handler.abandoned or getattr(handler.func, "abandoned", None)
         if hook is not None:
             try:
                 hook(RunningJob(job, self))
             except Exception:
                 log.exception(
-                    "job %s: abandoned() hook of %r raised", job.id, job.handler,
+                    "job %s: abandoned() hook of %r raised",
+                    job.id,
+                    job.handler,
                     extra={"action": "abandoned_hook_failed", "job_id": job.id},
                 )
-        outcome = self._finish(job, ABORTED, "abandoned", started=started, run_code=cause,
-                               outcome="abandoned")
-        if outcome == ABORTED:
-            signals.send(signals.job_abandoned, job.handler, job=self._view(job),
-                         error_code=cause)
+        outcome = self._finish(
+            job,
+            ABORTED,
+            "abandoned",
+            started=started or self.clock(),
+            run_code=cause,
+            outcome="abandoned",
+        )
         return "abandoned" if outcome == ABORTED else outcome
 
     def _finish(
@@ -192,24 +219,34 @@ class Runner:
     ) -> str:
         now = self.clock()
         with self.store.begin() as conn:
-            ok = _jobs.finish(
-                conn, job, owner=self.owner, now=now, state=state, code=code,
-                run_code=run_code, outcome=outcome or ("failed" if state == QUEUED else state),
-                retry_at=retry_at, started_at=started,
+            view = _jobs.finish(
+                conn,
+                job,
+                owner=self.owner,
+                now=now,
+                state=state,
+                code=code,
+                run_code=run_code,
+                outcome=outcome or ("failed" if state == QUEUED else state),
+                retry_at=retry_at,
+                started_at=started,
             )
-            view = _jobs.get_job(conn, job.id) if ok else None
-        if not ok or view is None:
+        if view is None:
             log.warning(
-                "job %s: lease lost before it finished; its result is discarded", job.id,
+                "job %s: lease lost before it finished; its result is discarded",
+                job.id,
                 extra={"action": "job_lease_lost", "job_id": job.id},
             )
             return "lease_lost"
         if state == SUCCEEDED:
             signals.send(signals.job_succeeded, job.handler, job=view)
         elif state == QUEUED:
-            signals.send(signals.job_failed, job.handler, job=view, error_code=code,
-                         retry_at=retry_at)
+            signals.send(
+                signals.job_failed, job.handler, job=view, error_code=code, retry_at=retry_at
+            )
         else:
+            if outcome == "abandoned":
+                signals.send(signals.job_abandoned, job.handler, job=view, error_code=run_code)
             signals.send(signals.job_aborted, job.handler, job=view, error_code=code)
         return state
 
@@ -217,10 +254,6 @@ class Runner:
         with self.store.read() as conn:
             view = _jobs.get_job(conn, job.id)
         signals.send(signals.job_aborted, job.handler, job=view, error_code=code)
-
-    def _view(self, job: Job) -> Job | None:
-        with self.store.read() as conn:
-            return _jobs.get_job(conn, job.id)
 
     # -- the simple loop ----------------------------------------------------------------
     def work(self, limit: int | None = None) -> int:

@@ -26,7 +26,11 @@ from ._tables import jobs, rows
 log = logging.getLogger(__name__)
 
 DISPATCHED, RERUN, HELD_BACK, DISABLED, LOST_RACE = (
-    "dispatched", "rerun", "held_back", "disabled", "lost_race",
+    "dispatched",
+    "rerun",
+    "held_back",
+    "disabled",
+    "lost_race",
 )
 REASON_FAILURES = "max_consecutive_failures"
 
@@ -48,8 +52,9 @@ class TickReport:
         getattr(self, outcome).append(name)
 
     def as_dict(self) -> dict[str, list[str]]:
-        return {k: list(getattr(self, k)) for k in (DISPATCHED, RERUN, HELD_BACK, DISABLED,
-                                                      LOST_RACE)}
+        return {
+            k: list(getattr(self, k)) for k in (DISPATCHED, RERUN, HELD_BACK, DISABLED, LOST_RACE)
+        }
 
     def __bool__(self) -> bool:
         return any(self.as_dict().values())
@@ -61,15 +66,26 @@ class _Rollback(Exception):
 
 
 _due_columns = [
-    rows.c.id, rows.c.name, rows.c.handler, rows.c.payload, rows.c.cron, rows.c.timezone,
-    rows.c.concurrent, rows.c.next_run_at, rows.c.last_job_id, rows.c.consecutive_failures,
-    rows.c.max_consecutive_failures, rows.c.version,
-    jobs.c.state.label("job_state"), jobs.c.last_error_code.label("job_error"),
+    rows.c.id,
+    rows.c.name,
+    rows.c.handler,
+    rows.c.payload,
+    rows.c.cron,
+    rows.c.timezone,
+    rows.c.concurrent,
+    rows.c.next_run_at,
+    rows.c.last_job_id,
+    rows.c.consecutive_failures,
+    rows.c.max_consecutive_failures,
+    rows.c.version,
+    jobs.c.state.label("job_state"),
+    jobs.c.last_error_code.label("job_error"),
 ]
 
 
-def _due(conn: Connection, now: datetime, limit: int, after: tuple[datetime, int] | None
-         ) -> list[Any]:
+def _due(
+    conn: Connection, now: datetime, limit: int, after: tuple[datetime, int] | None
+) -> list[Any]:
     stmt = (
         select(*_due_columns)
         .select_from(rows.outerjoin(jobs, jobs.c.id == rows.c.last_job_id))
@@ -79,8 +95,10 @@ def _due(conn: Connection, now: datetime, limit: int, after: tuple[datetime, int
     )
     if after is not None:
         stmt = stmt.where(
-            or_(rows.c.next_run_at > after[0],
-                and_(rows.c.next_run_at == after[0], rows.c.id > after[1]))
+            or_(
+                rows.c.next_run_at > after[0],
+                and_(rows.c.next_run_at == after[0], rows.c.id > after[1]),
+            )
         )
     return list(conn.execute(stmt))
 
@@ -107,35 +125,44 @@ def tick(
     """Run one tick over every due row, oldest ``next_run_at`` first, in bounded batches."""
     report = TickReport()
     after: tuple[datetime, int] | None = None
-    with store.engine.connect() as conn:
-        while True:
-            with conn.begin():
-                batch = _due(conn, now, batch_size, after)
-            for row in batch:
-                _one(conn, row, now, max_consecutive_failures, job_defaults, report)
-            if len(batch) < batch_size:
-                break
-            after = (batch[-1].next_run_at, batch[-1].id)
-    return report
+    while True:
+        # A read transaction: an idle tick takes no write lock (SQLite) and 2 statements.
+        with store.read() as reader:
+            batch = _due(reader, now, batch_size, after)
+        if batch:
+            with store.engine.connect() as conn:
+                for row in batch:
+                    _one(conn, row, now, max_consecutive_failures, job_defaults, report)
+        if len(batch) < batch_size:
+            return report
+        after = (batch[-1].next_run_at, batch[-1].id)
 
 
-def _one(conn: Connection, row: Any, now: datetime, global_limit: int,
-         job_defaults: JobDefaults, report: TickReport) -> None:
-    after_commit: Callable[[], None] | None = None
+def _one(
+    conn: Connection,
+    row: Any,
+    now: datetime,
+    global_limit: int,
+    job_defaults: JobDefaults,
+    report: TickReport,
+) -> None:
+    after_commit: Callable[[], object] | None = None
     try:
         with conn.begin():
             outcome, after_commit = _decide(conn, row, now, global_limit, job_defaults)
     except _Rollback as rolled_back:
         outcome = rolled_back.outcome
     report.add(outcome, row.name)
-    log.debug("tick: row %s %s", row.name, outcome,
-              extra={"action": f"row_{outcome}", "row": row.name})
+    log.debug(
+        "tick: row %s %s", row.name, outcome, extra={"action": f"row_{outcome}", "row": row.name}
+    )
     if after_commit is not None:
         after_commit()
 
 
-def _decide(conn: Connection, row: Any, now: datetime, global_limit: int,
-            job_defaults: JobDefaults) -> tuple[str, Callable[[], None] | None]:
+def _decide(
+    conn: Connection, row: Any, now: datetime, global_limit: int, job_defaults: JobDefaults
+) -> tuple[str, Callable[[], object] | None]:
     state = row.job_state
     if state == ABORTED:
         failures = row.consecutive_failures + 1
@@ -143,43 +170,87 @@ def _decide(conn: Connection, row: Any, now: datetime, global_limit: int,
         limit = global_limit if limit is None else limit
         if limit and failures >= limit:
             alert_id = uuid.uuid4().hex
-            _swap(conn, row, now, enabled=False, disabled_reason=REASON_FAILURES,
-                  disabled_at=now, consecutive_failures=failures, alert_id=alert_id)
+            _swap(
+                conn,
+                row,
+                now,
+                enabled=False,
+                disabled_reason=REASON_FAILURES,
+                disabled_at=now,
+                consecutive_failures=failures,
+                alert_id=alert_id,
+            )
             log.warning(
                 "row %s disabled after %s consecutive failures (last error %s)",
-                row.name, failures, row.job_error,
+                row.name,
+                failures,
+                row.job_error,
                 extra={"action": "row_disabled", "row": row.name, "code": row.job_error},
             )
-            alert = Alert(row.id, row.name, failures, row.job_error, row.last_job_id, now,
-                          alert_id)
+            alert = Alert(row.id, row.name, failures, row.job_error, row.last_job_id, now, alert_id)
             return DISABLED, lambda: deliver(conn, alert)
         max_attempts, queue = job_defaults(row.handler)
-        _swap(conn, row, now, consecutive_failures=failures,
-              next_run_at=_cron.next_after(row.cron, row.timezone, now, row.name))
+        _swap(
+            conn,
+            row,
+            now,
+            consecutive_failures=failures,
+            next_run_at=_cron.next_after(row.cron, row.timezone, now, row.name),
+        )
         reset = conn.execute(
             update(jobs)
             .where(jobs.c.id == row.last_job_id, jobs.c.state == ABORTED)
-            .values(state=QUEUED, attempts=0, max_attempts=max_attempts, queue=queue,
-                    handler=row.handler, payload=row.payload, run_at=now,
-                    last_error_code=None, lease_owner=None, lease_expires_at=None,
-                    started_at=None, finished_at=None)
+            .values(
+                state=QUEUED,
+                attempts=0,
+                max_attempts=max_attempts,
+                queue=queue,
+                handler=row.handler,
+                payload=row.payload,
+                run_at=now,
+                last_error_code=None,
+                lease_owner=None,
+                lease_expires_at=None,
+                started_at=None,
+                finished_at=None,
+            )
         )
         if reset.rowcount != 1:
             raise _Rollback(LOST_RACE)
         return RERUN, lambda: signals.send(
-            signals.job_rerun, row.name, row=row.name, job_id=row.last_job_id,
+            signals.job_rerun,
+            row.name,
+            row=row.name,
+            job_id=row.last_job_id,
             consecutive_failures=failures,
         )
     if state in (QUEUED, CLAIMED) and not row.concurrent:
         raise _Rollback(HELD_BACK)
     failures = 0 if state in (SUCCEEDED, None) else row.consecutive_failures
     max_attempts, queue = job_defaults(row.handler)
-    job_id = _jobs.insert_job(conn, _jobs.new_job_values(
-        handler=row.handler, payload=row.payload, now=now, max_attempts=max_attempts,
-        queue=queue, task_name=row.name,
-    ))
-    _swap(conn, row, now, last_job_id=job_id, consecutive_failures=failures,
-          next_run_at=_cron.next_after(row.cron, row.timezone, now, row.name))
+    job_id = _jobs.insert_job(
+        conn,
+        _jobs.new_job_values(
+            handler=row.handler,
+            payload=row.payload,
+            now=now,
+            max_attempts=max_attempts,
+            queue=queue,
+            task_name=row.name,
+        ),
+    )
+    _swap(
+        conn,
+        row,
+        now,
+        last_job_id=job_id,
+        consecutive_failures=failures,
+        next_run_at=_cron.next_after(row.cron, row.timezone, now, row.name),
+    )
     return DISPATCHED, lambda: signals.send(
-        signals.job_dispatched, row.name, row=row.name, job_id=job_id, slot=row.next_run_at,
+        signals.job_dispatched,
+        row.name,
+        row=row.name,
+        job_id=job_id,
+        slot=row.next_run_at,
     )

@@ -96,6 +96,6 @@ def downgrade() -> None:
     op.drop_table("scheduler_rows")
     op.drop_index("ix_scheduler_runs_job", "scheduler_runs")
     op.drop_table("scheduler_runs")
-    for name in ("ix_scheduler_jobs_finished", "ix_scheduler_jobs_lease", "ix_scheduler_jobs_ready"):
-        op.drop_index(name, "scheduler_jobs")
+    for name in ("finished", "lease", "ready"):
+        op.drop_index(f"ix_scheduler_jobs_{name}", "scheduler_jobs")
     op.drop_table("scheduler_jobs")
