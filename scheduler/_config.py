@@ -210,7 +210,7 @@ def _task_name(t: _Table) -> str:
     if len(name) > MAX_NAME_LENGTH:
         raise t.error("name", f"longer than {MAX_NAME_LENGTH} characters")
     if name != name.strip() or any(unicodedata.category(ch) == "Cc" for ch in name):
-        raise t.error("name", "has leading or trailing whitespace or a control character")
+        raise t.error("name", "must not have leading or trailing whitespace or control characters")
     return name
 
 

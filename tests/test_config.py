@@ -136,7 +136,12 @@ INVALID = {
     "bad cron": (TASK.replace("0 3 * * *", "61 * * * *"), "task 'x'", "cron", "'61 * * * *'"),
     "cron not a string": (TASK.replace('"0 3 * * *"', "5"), "task 'x'", "cron", "integer"),
     "task timezone": (TASK + 'timezone = "Mars/Olympus"\n', "task 'x'", "timezone", "Mars"),
-    "global timezone": ('[scheduler]\ntimezone = "Nowhere/City"\n', "[scheduler]", "timezone", ""),
+    "global timezone": (
+        '[scheduler]\ntimezone = "Nowhere/City"\n',
+        "[scheduler]",
+        "timezone",
+        "Nowhere",
+    ),
     "unknown top-level key": ("colour = 1\n", "app.toml", "colour", "unknown key"),
     "unknown database key": ('[database]\nuri = "x"\n', "[database]", "uri", "'url'"),
     "unknown scheduler key": ("[scheduler]\ntick = 1\n", "[scheduler]", "tick", "unknown"),
