@@ -183,11 +183,15 @@ def claim(
     return [Job.from_row(r) for r in won]
 
 
-def expired(conn: Connection, *, now: datetime, limit: int) -> list[Job]:
-    """Claimed jobs whose lease has run out (their worker stopped or stalled)."""
+def expired(
+    conn: Connection, *, now: datetime, limit: int, queues: Sequence[str] = ("default",)
+) -> list[Job]:
+    """Claimed jobs of ``queues`` whose lease has run out (their worker stopped or stalled)."""
     stmt = (
         select(jobs)
-        .where(jobs.c.state == CLAIMED, jobs.c.lease_expires_at <= now)
+        .where(
+            jobs.c.state == CLAIMED, jobs.c.lease_expires_at <= now, jobs.c.queue.in_(queues)
+        )
         .order_by(jobs.c.lease_expires_at, jobs.c.id)
         .limit(limit)
     )
@@ -271,53 +275,81 @@ def _finished(state: str, now: datetime, code: str | None) -> dict[str, Any]:
     }
 
 
-def finish(
-    conn: Connection,
-    job: Job,
-    *,
-    owner: str,
-    now: datetime,
-    state: str,
-    code: str | None = None,
-    run_code: str | None = None,
-    outcome: str | None = None,
-    retry_at: datetime | None = None,
-    started_at: datetime | None = None,
-) -> Job | None:
-    """Record the end of an attempt, guarded by the lease; returns the job as it now stands.
+@dataclass(frozen=True)
+class Finish:
+    """The end of one attempt, to be written under the lease."""
 
-    ``state`` is ``succeeded``, ``aborted`` or ``queued`` (a retry at ``retry_at``). None means
-    the lease was lost: nothing was written.
+    job: Job
+    state: str  # succeeded, aborted, or queued (a retry at retry_at)
+    code: str | None = None
+    run_code: str | None = None
+    outcome: str | None = None
+    retry_at: datetime | None = None
+    started_at: datetime | None = None
+
+    def values(self, now: datetime) -> dict[str, Any]:
+        if self.state == QUEUED:
+            return {
+                "state": QUEUED,
+                "run_at": self.retry_at,
+                "lease_owner": None,
+                "lease_expires_at": None,
+                "last_error_code": self.code,
+            }
+        return _finished(self.state, now, self.code)
+
+
+def finish_many(
+    conn: Connection, items: Sequence[Finish], *, owner: str, now: datetime
+) -> list[Job | None]:
+    """Record the end of several attempts, each guarded by ``owner``'s unexpired lease.
+
+    Returns each job as it now stands, or None where the lease was lost (nothing written for
+    it). Successes share one UPDATE where the engine can say which rows it changed.
     """
-    if state == QUEUED:
-        values: dict[str, Any] = {
-            "state": QUEUED,
-            "run_at": retry_at,
-            "lease_owner": None,
-            "lease_expires_at": None,
-            "last_error_code": code,
-        }
+    done: dict[int, Job] = {}
+    plain = [f for f in items if f.state == SUCCEEDED]
+    if len(plain) > 1 and conn.dialect.update_returning:
+        values = _finished(SUCCEEDED, now, None)
+        ids = [f.job.id for f in plain]
+        stmt = (
+            update(jobs)
+            .where(jobs.c.id.in_(ids), _held(owner, now))
+            .values(**values)
+            .returning(jobs.c.id)
+        )
+        won = set(conn.execute(stmt).scalars())
+        done.update(
+            (f.job.id, dataclasses.replace(f.job, **values)) for f in plain if f.job.id in won
+        )
+        rest = [f for f in items if f.state != SUCCEEDED]
     else:
-        values = _finished(state, now, code)
-    result = conn.execute(
-        update(jobs).where(jobs.c.id == job.id, _held(owner, now)).values(**values)
-    )
-    if result.rowcount != 1:
-        return None
-    record_run(
-        conn,
-        job,
-        outcome=outcome or state,
-        error_code=run_code or code,
-        now=now,
-        worker=owner,
-        started_at=started_at,
-    )
-    return dataclasses.replace(job, **values)
+        rest = list(items)
+    for f in rest:
+        values = f.values(now)
+        result = conn.execute(
+            update(jobs).where(jobs.c.id == f.job.id, _held(owner, now)).values(**values)
+        )
+        if result.rowcount == 1:
+            done[f.job.id] = dataclasses.replace(f.job, **values)
+    history = [
+        _run_values(
+            f.job,
+            outcome=f.outcome or f.state,
+            error_code=f.run_code or f.code,
+            now=now,
+            worker=owner,
+            started_at=f.started_at,
+        )
+        for f in items
+        if f.job.id in done
+    ]
+    if history:
+        conn.execute(insert(runs), history)
+    return [done.get(f.job.id) for f in items]
 
 
-def record_run(
-    conn: Connection,
+def _run_values(
     job: Job,
     *,
     outcome: str,
@@ -325,18 +357,21 @@ def record_run(
     now: datetime,
     worker: str | None,
     started_at: datetime | None = None,
-) -> None:
-    conn.execute(
-        insert(runs).values(
-            job_id=job.id,
-            attempt=job.attempts,
-            started_at=started_at,
-            finished_at=now,
-            outcome=outcome,
-            error_code=error_code,
-            worker=worker,
-        )
-    )
+) -> dict[str, Any]:
+    return {
+        "job_id": job.id,
+        "attempt": job.attempts,
+        "started_at": started_at,
+        "finished_at": now,
+        "outcome": outcome,
+        "error_code": error_code,
+        "worker": worker,
+    }
+
+
+def record_run(conn: Connection, job: Job, **kwargs: Any) -> None:
+    """Append one attempt to the run history."""
+    conn.execute(insert(runs).values(**_run_values(job, **kwargs)))
 
 
 def history(conn: Connection, job_id: int) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from . import _jobs, signals
@@ -14,6 +15,34 @@ from ._jobs import ABORTED, QUEUED, SUCCEEDED, Job
 from ._store import Store
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one attempt ended, before it is written."""
+
+    job: Job
+    started: datetime
+    state: str  # succeeded, aborted, or queued (a retry at retry_at)
+    code: str | None
+    retry_at: datetime | None = None
+    run_code: str | None = None  # the code for the run history, when it differs
+    abandoned: bool = False
+
+    def finish_args(self) -> _jobs.Finish:
+        if self.abandoned:
+            outcome = "abandoned"
+        else:
+            outcome = "failed" if self.state == QUEUED else self.state
+        return _jobs.Finish(
+            job=self.job,
+            state=self.state,
+            code=self.code,
+            run_code=self.run_code,
+            outcome=outcome,
+            retry_at=self.retry_at,
+            started_at=self.started,
+        )
 
 
 class RunningJob:
@@ -67,7 +96,7 @@ class Runner:
         """Deal with expired leases; return the jobs this runner should now run again."""
         now = self.clock()
         with self.store.read() as conn:
-            stale = _jobs.expired(conn, now=now, limit=limit)
+            stale = _jobs.expired(conn, now=now, limit=limit, queues=self.queues)
         rerun: list[Job] = []
         for job in stale:
             handler = self.registry.get(job.handler)
@@ -78,7 +107,7 @@ class Runner:
                     )
                 if won:
                     taken = dataclasses.replace(job, lease_owner=self.owner)
-                    self._abandon(taken, handler, "lease_expired")
+                    self.record([self.abandon(taken, handler, "lease_expired", now)])
             elif job.attempts >= job.max_attempts:
                 with self.store.begin() as conn:
                     won = _jobs.abort_expired(conn, job, now=now)
@@ -133,7 +162,11 @@ class Runner:
 
     # -- running ----------------------------------------------------------------------
     def run(self, job: Job) -> str:
-        """Run one claimed job to an outcome; returns it (or ``lease_lost``)."""
+        """Run one claimed job to an outcome and record it; returns the outcome."""
+        return self.record([self.execute(job)])[0]
+
+    def execute(self, job: Job) -> Outcome:
+        """Call the handler and decide what its attempt means; writes nothing."""
         handler = self.registry.get(job.handler)
         started = self.clock()
         if handler is None:
@@ -143,7 +176,7 @@ class Runner:
                 job.handler,
                 extra={"action": "job_no_handler", "job_id": job.id},
             )
-            return self._finish(job, ABORTED, "no_handler", started=started)
+            return Outcome(job, started, ABORTED, "no_handler")
         try:
             handler.func(RunningJob(job, self))
         except PermanentError as exc:
@@ -154,7 +187,7 @@ class Runner:
                 exc,
                 extra={"action": "job_permanent_error", "job_id": job.id, "code": exc.code},
             )
-            return self._finish(job, ABORTED, exc.code[:200] or "permanent_error", started=started)
+            return Outcome(job, started, ABORTED, exc.code[:200] or "permanent_error")
         except Exception as exc:
             code = error_code(exc)
             log.warning(
@@ -168,12 +201,12 @@ class Runner:
                 extra={"action": "job_attempt_failed", "job_id": job.id, "code": code},
             )
             if not handler.retry_safe:
-                return self._abandon(job, handler, code, started=started)
+                return self.abandon(job, handler, code, started)
             if job.attempts >= job.max_attempts:
-                return self._finish(job, ABORTED, code, started=started)
+                return Outcome(job, started, ABORTED, code)
             retry_at = self.clock() + self.backoff(job.attempts)
-            return self._finish(job, QUEUED, code, started=started, retry_at=retry_at)
-        return self._finish(job, SUCCEEDED, None, started=started)
+            return Outcome(job, started, QUEUED, code, retry_at=retry_at)
+        return Outcome(job, started, SUCCEEDED, None)
 
     def backoff(self, attempts: int) -> timedelta:
         """1, 2, 4 ... times the base after each failed attempt, capped."""
@@ -181,10 +214,8 @@ class Runner:
         delay: timedelta = min(self.backoff_base * factor, self.backoff_max)
         return delay
 
-    def _abandon(
-        self, job: Job, handler: Handler, cause: str, started: datetime | None = None
-    ) -> str:
-        """Run the ``abandoned`` hook (isolated), then end the job ``aborted``/``abandoned``."""
+    def abandon(self, job: Job, handler: Handler, cause: str, started: datetime) -> Outcome:
+        """Run the ``abandoned`` hook (isolated); the job is to end ``aborted``/``abandoned``."""
         hook = handler.abandoned or getattr(handler.func, "abandoned", None)
         if hook is not None:
             try:
@@ -196,59 +227,50 @@ class Runner:
                     job.handler,
                     extra={"action": "abandoned_hook_failed", "job_id": job.id},
                 )
-        outcome = self._finish(
-            job,
-            ABORTED,
-            "abandoned",
-            started=started or self.clock(),
-            run_code=cause,
-            outcome="abandoned",
-        )
-        return "abandoned" if outcome == ABORTED else outcome
+        return Outcome(job, started, ABORTED, "abandoned", run_code=cause, abandoned=True)
 
-    def _finish(
-        self,
-        job: Job,
-        state: str,
-        code: str | None,
-        *,
-        started: datetime,
-        retry_at: datetime | None = None,
-        run_code: str | None = None,
-        outcome: str | None = None,
-    ) -> str:
+    def record(self, outcomes: list[Outcome]) -> list[str]:
+        """Write several attempts' outcomes in one transaction, then send their signals.
+
+        Each write is guarded by this runner's lease; an attempt whose lease was lost is
+        discarded and reported as ``lease_lost``.
+        """
+        if not outcomes:
+            return []
         now = self.clock()
         with self.store.begin() as conn:
-            view = _jobs.finish(
-                conn,
-                job,
-                owner=self.owner,
-                now=now,
-                state=state,
-                code=code,
-                run_code=run_code,
-                outcome=outcome or ("failed" if state == QUEUED else state),
-                retry_at=retry_at,
-                started_at=started,
+            views = _jobs.finish_many(
+                conn, [o.finish_args() for o in outcomes], owner=self.owner, now=now
             )
-        if view is None:
-            log.warning(
-                "job %s: lease lost before it finished; its result is discarded",
-                job.id,
-                extra={"action": "job_lease_lost", "job_id": job.id},
-            )
-            return "lease_lost"
-        if state == SUCCEEDED:
-            signals.send(signals.job_succeeded, job.handler, job=view)
-        elif state == QUEUED:
-            signals.send(
-                signals.job_failed, job.handler, job=view, error_code=code, retry_at=retry_at
-            )
-        else:
-            if outcome == "abandoned":
-                signals.send(signals.job_abandoned, job.handler, job=view, error_code=run_code)
-            signals.send(signals.job_aborted, job.handler, job=view, error_code=code)
-        return state
+        results: list[str] = []
+        for outcome, view in zip(outcomes, views, strict=True):
+            job = outcome.job
+            if view is None:
+                log.warning(
+                    "job %s: lease lost before it finished; its result is discarded",
+                    job.id,
+                    extra={"action": "job_lease_lost", "job_id": job.id},
+                )
+                results.append("lease_lost")
+                continue
+            if outcome.state == SUCCEEDED:
+                signals.send(signals.job_succeeded, job.handler, job=view)
+            elif outcome.state == QUEUED:
+                signals.send(
+                    signals.job_failed,
+                    job.handler,
+                    job=view,
+                    error_code=outcome.code,
+                    retry_at=outcome.retry_at,
+                )
+            else:
+                if outcome.abandoned:
+                    signals.send(
+                        signals.job_abandoned, job.handler, job=view, error_code=outcome.run_code
+                    )
+                signals.send(signals.job_aborted, job.handler, job=view, error_code=outcome.code)
+            results.append("abandoned" if outcome.abandoned else outcome.state)
+        return results
 
     def _signal_aborted(self, job: Job, code: str) -> None:
         with self.store.read() as conn:

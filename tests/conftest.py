@@ -21,9 +21,15 @@ from scheduler._migrate import VERSION_TABLE
 from scheduler._store import Store
 from scheduler._tables import metadata
 
-PG_URL = os.environ.get("SCHEDULER_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-MYSQL_URL = os.environ.get("SCHEDULER_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test")
+PG_SERVER = os.environ.get("SCHEDULER_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+MYSQL_SERVER = os.environ.get("SCHEDULER_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+# Each pytest session works in its own PostgreSQL schema and MariaDB database, so two
+# sessions on one machine never empty each other's tables. Subprocesses get the full URL.
+_SESSION = f"sched_{os.getpid()}"
+PG_URL = f"{PG_SERVER}?options=-csearch_path%3D{_SESSION}"
+MYSQL_URL = MYSQL_SERVER.rsplit("/", 1)[0] + f"/{_SESSION}"
 
 _reachable: dict[str, str | None] = {}
 
@@ -43,7 +49,8 @@ def server_problem(url: str) -> str | None:
 
 
 def require_server(url: str, label: str) -> None:
-    problem = server_problem(url)
+    server = PG_SERVER if url == PG_URL else MYSQL_SERVER
+    problem = server_problem(server)
     if problem is None:
         return
     message = f"{label} at {url} is not reachable ({problem})"
@@ -66,8 +73,38 @@ def _reset_tables(url: str) -> None:
 _migrated: set[str] = set()
 
 
+def _create_namespace(url: str) -> None:
+    if url == PG_URL:
+        ddl = f"CREATE SCHEMA IF NOT EXISTS {_SESSION}"
+        server = PG_SERVER
+    else:
+        ddl = f"CREATE DATABASE IF NOT EXISTS {_SESSION}"
+        server = MYSQL_SERVER
+    engine = create_engine(server, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(ddl))
+    engine.dispose()
+
+
+def _drop_namespaces() -> None:
+    for url, server, ddl in (
+        (PG_URL, PG_SERVER, f"DROP SCHEMA IF EXISTS {_SESSION} CASCADE"),
+        (MYSQL_URL, MYSQL_SERVER, f"DROP DATABASE IF EXISTS {_SESSION}"),
+    ):
+        if url in _migrated:
+            engine = create_engine(server, isolation_level="AUTOCOMMIT")
+            with engine.connect() as conn:
+                conn.execute(text(ddl))
+            engine.dispose()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _drop_namespaces()
+
+
 def _fresh_server_db(url: str) -> None:
     if url not in _migrated:
+        _create_namespace(url)
         store = Store(url)
         try:
             with store.begin() as conn:
