@@ -8,6 +8,8 @@ wildcard or a step follows real time: both repeated hours run, the missing hour 
 
 from __future__ import annotations
 
+import functools
+import threading
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -84,17 +86,28 @@ def _is_repeat(local: datetime) -> bool:
     return local.fold == 1 and local.utcoffset() != local.replace(fold=0).utcoffset()
 
 
+@functools.lru_cache(maxsize=4096)
+def _iterator(expr: str, tz: str, hash_id: bytes | None) -> croniter:
+    """A parsed expression, reused across calls (parsing is most of a call's cost)."""
+    return croniter(expr, datetime.now(ZoneInfo(tz)), hash_id=hash_id)
+
+
+_lock = threading.Lock()
+
+
 def next_after(expr: str, tz: str, after: datetime, name: str) -> datetime:
     """First slot of `expr` in zone `tz` strictly after `after`, as an aware UTC datetime."""
     if after.tzinfo is None or after.utcoffset() is None:
         raise ValueError("after must be timezone-aware")
     after_utc = after.astimezone(UTC)
     fixed = has_fixed_hour(expr)
-    it = croniter(expr, after_utc.astimezone(ZoneInfo(tz)), hash_id=_hash_id(expr, name))
-    for _ in range(_MAX_SKIPS):
-        local: datetime = it.get_next(datetime)
-        utc = local.astimezone(UTC)
-        if utc <= after_utc or (fixed and _is_repeat(local)):
-            continue
-        return utc
+    it = _iterator(expr, tz, _hash_id(expr, name))
+    with _lock:  # a cached iterator is stateful
+        it.set_current(after_utc.astimezone(it.tzinfo), force=True)
+        for _ in range(_MAX_SKIPS):
+            local: datetime = it.get_next(datetime)
+            utc = local.astimezone(UTC)
+            if utc <= after_utc or (fixed and _is_repeat(local)):
+                continue
+            return utc
     raise RuntimeError(f"no slot found for cron {expr!r} in {tz} after {after.isoformat()}")

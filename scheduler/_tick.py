@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, or_, select, update
+from sqlalchemy import Connection, and_, or_, select, true, update
 
 from . import _cron, _jobs, signals
 from ._alerts import Alert, deliver
@@ -89,7 +89,7 @@ def _due(
     stmt = (
         select(*_due_columns)
         .select_from(rows.outerjoin(jobs, jobs.c.id == rows.c.last_job_id))
-        .where(rows.c.enabled.is_(True), rows.c.next_run_at <= now)
+        .where(rows.c.enabled == true(), rows.c.next_run_at <= now)
         .order_by(rows.c.next_run_at, rows.c.id)
         .limit(limit)
     )
