@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from . import _jobs, signals
 from ._errors import LeaseLost, PermanentError
@@ -237,11 +240,28 @@ class Runner:
         """
         if not outcomes:
             return []
-        now = self.clock()
-        with self.store.begin() as conn:
-            views = _jobs.finish_many(
-                conn, [o.finish_args() for o in outcomes], owner=self.owner, now=now
-            )
+        items = [o.finish_args() for o in outcomes]
+        delay = 0.2
+        deadline = time.monotonic() + self.lease.total_seconds() / 2
+        while True:
+            try:
+                with self.store.begin() as conn:
+                    views = _jobs.finish_many(conn, items, owner=self.owner, now=self.clock())
+                break
+            except (OperationalError, InterfaceError):
+                # The database went away (a restart): the handlers' work is done, so keep
+                # trying while the leases still hold rather than leave it to a takeover.
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning(
+                    "database unavailable while recording %s job(s); retrying in %.1fs",
+                    len(items),
+                    delay,
+                    exc_info=True,
+                    extra={"action": "record_retry"},
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
         results: list[str] = []
         for outcome, view in zip(outcomes, views, strict=True):
             job = outcome.job
