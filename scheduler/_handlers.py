@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 HandlerFunc = Callable[[Any], Any]
 AbandonedHook = Callable[[Any], Any]
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,23 @@ class Registry:
         if handler.max_attempts < 1:
             raise ValueError(f"handler {handler.name!r}: max_attempts must be at least 1")
         self._handlers[handler.name] = handler
+
+    def handler(
+        self,
+        name: str,
+        *,
+        retry_safe: bool = False,
+        max_attempts: int = 3,
+        abandoned: AbandonedHook | None = None,
+        queue: str = "default",
+    ) -> Callable[[F], F]:
+        """Register the decorated callable as ``name`` (as ``Scheduler.handler`` does)."""
+
+        def register(func: F) -> F:
+            self.add(Handler(name, func, retry_safe, max_attempts, abandoned, queue))
+            return func
+
+        return register
 
     def get(self, name: str) -> Handler | None:
         return self._handlers.get(name)

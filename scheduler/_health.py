@@ -1,0 +1,226 @@
+"""Health: rows, job counts and the warnings of ``scheduler status`` (SPEC §5, §6).
+
+:func:`status` reads in one transaction, four queries (rows with their last job's state, one
+aggregate over the jobs, the latest finished attempt, the workers); ``now`` defaults to the
+app's clock. Workers record that they are alive with :func:`touch` (``scheduler_workers``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import case, delete, func, insert, select, update
+
+from . import _rows
+from ._jobs import CLAIMED, QUEUED, STATES
+from ._store import Store
+from ._tables import jobs, runs, workers
+
+if TYPE_CHECKING:
+    from ._app import Scheduler
+
+#: Disables a person or the file asked for; every other reason (failures) is warned about.
+_CHOSEN_DISABLES = (_rows.REASON_MANUAL, _rows.REASON_CONFIG, _rows.REASON_REMOVED)
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """How long before something counts as unhealthy, in seconds."""
+
+    job_overdue: float = 300.0  # a ready job not claimed for this long
+    row_overdue: float = 300.0  # an enabled row due this long ago and not dispatched
+    row_held_back: float = 3600.0  # a row waiting this long on its in-flight job
+    stalled: float = 600.0  # jobs waiting this long and nothing finished meanwhile
+    tick: float = 120.0  # no scheduler tick for this long
+
+
+# -- presence: each worker keeps a row in scheduler_workers --------------------------------
+def touch(store: Store, worker_id: str, now: datetime, last_tick_at: datetime | None) -> None:
+    """Record that ``worker_id`` is alive (and when it last ticked); registers it if needed."""
+    values = {"last_seen_at": now, "last_tick_at": last_tick_at}
+    with store.begin() as conn:
+        found = conn.execute(update(workers).where(workers.c.id == worker_id).values(**values))
+        if found.rowcount == 0:  # first call, or forgotten meanwhile: register
+            conn.execute(
+                insert(workers).values(
+                    id=worker_id,
+                    hostname=socket.gethostname(),
+                    pid=os.getpid(),
+                    started_at=now,
+                    **values,
+                )
+            )
+
+
+def forget(
+    store: Store, worker_id: str | None = None, *, seen_before: datetime | None = None
+) -> None:
+    """Delete one worker's row, or every row not seen since ``seen_before``."""
+    condition = (
+        (workers.c.id == worker_id)
+        if worker_id is not None
+        else (workers.c.last_seen_at < seen_before)
+    )
+    with store.begin() as conn:
+        conn.execute(delete(workers).where(condition))
+
+
+def iso(value: datetime | None) -> str | None:
+    """ISO-8601 in UTC with a ``Z``, or None."""
+    return None if value is None else value.isoformat().replace("+00:00", "Z")
+
+
+def _row(row: _rows.TaskRow) -> dict[str, Any]:
+    local = row.next_run_at.astimezone(ZoneInfo(row.timezone)) if row.next_run_at else None
+    return {
+        "name": row.name,
+        "enabled": row.enabled,
+        "next_run_at": iso(row.next_run_at),
+        "last_job_state": row.last_job_state,
+        "consecutive_failures": row.consecutive_failures,
+        "disabled_reason": row.disabled_reason,
+        # extra keys
+        "timezone": row.timezone,
+        "next_run_local": local.isoformat() if local else None,
+        "cron": row.cron,
+        "handler": row.handler,
+        "last_job_id": row.last_job_id,
+        "disabled_at": iso(row.disabled_at),
+    }
+
+
+def _job_aggregates(conn: Any, now: datetime, limits: Thresholds) -> Any:
+    ready = (jobs.c.state == QUEUED) & (jobs.c.run_at <= now)
+    overdue_at = now - timedelta(seconds=limits.job_overdue)
+
+    def count(condition: Any) -> Any:
+        return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
+
+    stmt = select(
+        *(count(jobs.c.state == state).label(state) for state in STATES),
+        count(ready).label("waiting"),
+        count(ready & (jobs.c.run_at <= overdue_at)).label("overdue"),
+        count((jobs.c.state == CLAIMED) & (jobs.c.lease_expires_at <= now)).label("stopped"),
+        func.min(case((ready, jobs.c.run_at))).label("oldest_ready"),
+    )
+    return conn.execute(stmt).one()
+
+
+def status(
+    app: Scheduler, now: datetime | None = None, thresholds: Thresholds | None = None
+) -> dict[str, Any]:
+    """The object ``scheduler status --json`` prints; refuses an outdated schema."""
+    app.check_schema()
+    now = now if now is not None else app.clock()
+    limits = thresholds or Thresholds()
+    with app.store.read() as conn:
+        task_rows = _rows.all_rows(conn)
+        agg = _job_aggregates(conn, now, limits)
+        last_finished = conn.execute(select(func.max(runs.c.finished_at))).scalar()
+        seen = list(conn.execute(select(workers).order_by(workers.c.started_at)))
+    counts = {state: int(agg._mapping[state]) for state in STATES}
+    waiting, overdue, stopped = int(agg.waiting), int(agg.overdue), int(agg.stopped)
+    oldest_ready = agg.oldest_ready
+    stall_at = now - timedelta(seconds=limits.stalled)
+    stalled = bool(
+        oldest_ready is not None
+        and oldest_ready <= stall_at
+        and (last_finished is None or last_finished <= stall_at)
+    )
+
+    def older(value: datetime | None, seconds: float) -> bool:
+        return value is not None and value <= now - timedelta(seconds=seconds)
+
+    in_flight = (QUEUED, CLAIMED)
+    enabled = [r for r in task_rows if r.enabled]
+    held_back = [
+        r.name
+        for r in enabled
+        if not r.concurrent
+        and r.last_job_state in in_flight
+        and older(r.next_run_at, limits.row_held_back)
+    ]
+    rows_overdue = [
+        r.name
+        for r in enabled
+        if r.name not in held_back
+        and (r.concurrent or r.last_job_state not in in_flight)
+        and older(r.next_run_at, limits.row_overdue)
+    ]
+    disabled = [r for r in task_rows if not r.enabled]
+    ticks = [w.last_tick_at for w in seen if w.last_tick_at is not None]
+    last_tick = max(ticks) if ticks else None
+
+    warnings: list[str] = []
+    if overdue:
+        warnings.append(
+            f"{overdue} job(s) ready for more than {limits.job_overdue:g}s and not "
+            "claimed: is a worker running with concurrency > 0 on their queue?"
+        )
+    if stopped:
+        warnings.append(
+            f"{stopped} claimed job(s) have an expired lease (their worker stopped);"
+            " a worker will take them over"
+        )
+    if stalled:
+        warnings.append(
+            f"work has stalled: {waiting} job(s) waiting and nothing finished for "
+            f"more than {limits.stalled:g}s"
+        )
+    if rows_overdue:
+        warnings.append(
+            f"row(s) overdue by more than {limits.row_overdue:g}s (is a scheduler "
+            f"ticking?): {', '.join(rows_overdue)}"
+        )
+    if held_back:
+        warnings.append(
+            f"row(s) held back for more than {limits.row_held_back:g}s by a job still"
+            f" in flight: {', '.join(held_back)}"
+        )
+    for r in disabled:
+        if r.disabled_reason not in _CHOSEN_DISABLES:
+            warnings.append(
+                f"row {r.name!r} disabled ({r.disabled_reason}) after "
+                f"{r.consecutive_failures} consecutive failures: fix it, then "
+                f"`scheduler enable {r.name}`"
+            )
+    if enabled and not seen:
+        warnings.append("no worker is running: start `scheduler worker`")
+    elif enabled and (last_tick is None or older(last_tick, limits.tick)):
+        since = f"since {iso(last_tick)}" if last_tick else "yet"
+        warnings.append(f"no scheduler tick {since}: are the workers stuck?")
+
+    return {
+        "rows": [_row(r) for r in task_rows],
+        "jobs": counts,
+        "health": {
+            "waiting": waiting,
+            "stopped": stopped,
+            "overdue": overdue,
+            "stalled": stalled,
+            "warnings": warnings,
+            # extra keys
+            "now": iso(now),
+            "rows_overdue": rows_overdue,
+            "rows_held_back": held_back,
+            "rows_disabled": [r.name for r in disabled],
+            "last_tick_at": iso(last_tick),
+            "last_finished_at": iso(last_finished),
+            "workers": [
+                {
+                    "id": w.id,
+                    "hostname": w.hostname,
+                    "pid": w.pid,
+                    "started_at": iso(w.started_at),
+                    "last_seen_at": iso(w.last_seen_at),
+                    "last_tick_at": iso(w.last_tick_at),
+                }
+                for w in seen
+            ],
+        },
+    }

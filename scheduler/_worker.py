@@ -1,0 +1,287 @@
+"""The long-running worker: tick, claim and run jobs on threads, heartbeats, housekeeping.
+
+Every ``tick_interval`` the worker ticks; at least every second it takes over jobs whose lease
+expired and claims ready ones, never more than it has free threads (``concurrency``; 0 = tick
+only). A heartbeat thread renews the leases of the running jobs every third of a lease. Every
+minute it purges old jobs and delivers ``row_disabled`` alerts a crash left undelivered. It
+keeps a row in ``scheduler_workers`` (``scheduler status`` reads it) and deletes it on exit.
+
+SIGTERM/SIGINT stop the claiming; running jobs get ``shutdown_grace_seconds`` to finish (a
+second signal cuts the grace short); jobs still running then are left to lease expiry and
+takeover. Database errors (a server restart, SQLite busy) are logged and retried with capped
+exponential backoff: the worker does not die of them.
+
+Handler modules: :func:`import_handlers` imports the ``[worker] imports`` (the current
+directory importable). A module registers its handlers either way, and the worker sees both:
+``@default_registry.handler("name", ...)`` after ``from scheduler import default_registry``
+(as ``scheduler/examples/jobs.py`` does), or ``@app.handler(...)`` on its own
+``app = Scheduler.from_toml(os.environ["SCHEDULER_CONFIG"])`` (the CLI sets it to the file
+in use): a Scheduler built without a ``registry`` uses ``default_registry``, the one the
+worker's Scheduler looks in (that app never connects unless used). Connect signal receivers
+there too, as module-level functions (blinker holds weak references).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime, timedelta
+from types import FrameType
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+
+from . import _health
+from ._jobs import Job
+
+if TYPE_CHECKING:
+    from ._app import Scheduler
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 1.0  # look for ready jobs at least this often
+HOUSEKEEPING_SECONDS = 60.0  # purge, undelivered alerts, forgotten worker rows
+PRESENCE_SECONDS = 1.0  # at most one write to scheduler_workers per this many seconds
+FORGET_WORKERS_AFTER = timedelta(hours=1)
+BACKOFF_MIN, BACKOFF_MAX = 0.5, 30.0
+
+
+def import_handlers(modules: Iterable[str]) -> None:
+    """Import the modules that register handlers; the current directory is importable."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ImportError(f"cannot import {name!r} from [worker] imports: {exc}") from exc
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A database error that a retry may cure (lost connection, server restart, busy)."""
+    if isinstance(exc, OperationalError | InterfaceError):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
+def _log(level: int, action: str, message: str, *args: Any, **fields: Any) -> None:
+    log.log(level, message, *args, extra={"action": action, **fields})
+
+
+class WorkerResult(NamedTuple):
+    handled: int  # jobs this worker ran to an outcome
+    left_running: int  # jobs still running when the shutdown grace ran out
+
+
+class Worker:
+    """Runs ``app``'s tick and jobs until :meth:`stop` (or SIGTERM/SIGINT), or for one round."""
+
+    def __init__(self, app: Scheduler, *, concurrency: int | None = None) -> None:
+        self.app = app
+        self.concurrency = app.worker_settings.concurrency if concurrency is None else concurrency
+        self.runner = app.runner()
+        self._running: dict[int, Future[None]] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()  # a job finished, or stop() was called
+        self._beat_stop = threading.Event()
+        self._stopping = self._force = False
+        self._signals = self._handled = 0
+        self._touched = float("-inf")
+        self._ticked_at: datetime | None = None
+
+    def run(self, *, once: bool = False, install_signals: bool = False) -> WorkerResult:
+        """Work until stopped; with ``once``: take over, tick, run what is ready, return."""
+        self.app.check_schema()
+        self._touch(force=True)
+        started = f"worker {self.app.worker_id} started (concurrency {self.concurrency})"
+        _log(logging.INFO, "worker_started", started)
+        previous = self._install_signals() if install_signals else {}
+        pool = ThreadPoolExecutor(max(self.concurrency, 1), thread_name_prefix="scheduler-job")
+        beat = threading.Thread(target=self._heartbeat, name="scheduler-heartbeat", daemon=True)
+        beat.start()
+        try:
+            if once:
+                self._once(pool)
+            else:
+                self._loop(pool)
+        finally:
+            left = self._drain()
+            self._beat_stop.set()
+            beat.join()
+            pool.shutdown(wait=not left, cancel_futures=True)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            self._unregister()
+        return WorkerResult(self._handled, left)
+
+    def stop(self, force: bool = False) -> None:
+        """Stop claiming (thread-safe); ``force`` also cuts the shutdown grace short."""
+        self._force = self._force or force
+        self._stopping = True
+        self._wake.set()
+
+    def _loop(self, pool: ThreadPoolExecutor) -> None:
+        interval = self.app.settings.tick_interval
+        next_tick = next_housekeeping = time.monotonic()
+        backoff = tick_backoff = BACKOFF_MIN
+        while not self._stopping:
+            self._wake.clear()
+            if time.monotonic() >= next_tick:  # a failing tick does not stop the jobs
+                next_tick = time.monotonic() + interval
+                try:
+                    self._tick()
+                    tick_backoff = BACKOFF_MIN
+                except Exception as exc:
+                    self._log_error("tick", exc, tick_backoff)
+                    next_tick = time.monotonic() + tick_backoff
+                    tick_backoff = min(tick_backoff * 2, BACKOFF_MAX)
+            try:
+                self._fill(pool)
+                if time.monotonic() >= next_housekeeping:
+                    next_housekeeping = time.monotonic() + HOUSEKEEPING_SECONDS
+                    self._housekeeping()
+                self._touch()
+                backoff = BACKOFF_MIN
+            except Exception as exc:
+                self._log_error("worker loop", exc, backoff)
+                self._wake.wait(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                continue
+            self._wake.wait(min(max(0.0, next_tick - time.monotonic()), POLL_SECONDS))
+
+    def _once(self, pool: ThreadPoolExecutor) -> None:
+        self._tick()
+        while not self._stopping:
+            self._wake.clear()
+            self._fill(pool)
+            with self._lock:
+                if not self._running:
+                    break
+            self._wake.wait(POLL_SECONDS)
+        self._housekeeping()
+
+    def _tick(self) -> None:
+        report = self.app.tick()
+        self._ticked_at = self.app.clock()
+        for outcome, names in report.as_dict().items():
+            if names:  # holds and lost races repeat every tick: debug only
+                level = logging.DEBUG if outcome in ("held_back", "lost_race") else logging.INFO
+                text = ", ".join(names)
+                _log(level, f"tick_{outcome}", "tick: %s %s", outcome, text, rows=names)
+
+    def _fill(self, pool: ThreadPoolExecutor) -> None:
+        """Take over stopped jobs, then claim ready ones: never more than free threads."""
+        with self._lock:
+            free = self.concurrency - len(self._running)
+        if free <= 0 or self._stopping:
+            return
+        taken = self.runner.take_over(limit=free)
+        self._submit(pool, taken)  # before claiming: a failed claim must not strand them
+        if len(taken) < free:
+            self._submit(pool, self.runner.claim(free - len(taken)))
+
+    def _submit(self, pool: ThreadPoolExecutor, jobs: list[Job]) -> None:
+        for job in jobs:
+            with self._lock:
+                self._running[job.id] = pool.submit(self._run_job, job)
+
+    def _run_job(self, job: Job) -> None:
+        began = time.monotonic()
+        try:
+            result = self.runner.run(job)  # recording retries a lost connection itself
+            took = time.monotonic() - began
+            _log(logging.INFO, "job_done", f"job {job.id} ({job.handler}) {result} in {took:.2f}s")
+        except Exception:
+            log.exception(
+                "job %s (%s) could not be recorded; its lease will expire",
+                job.id,
+                job.handler,
+                extra={"action": "job_crashed", "job_id": job.id},
+            )
+        finally:
+            with self._lock:
+                self._handled += 1
+                self._running.pop(job.id, None)
+            self._wake.set()
+
+    def _housekeeping(self) -> None:
+        if purged := self.app.purge():
+            _log(logging.INFO, "purged", "purged %s old job(s)", purged)
+        self.app.deliver_pending_alerts()
+        _health.forget(self.app.store, seen_before=self.app.clock() - FORGET_WORKERS_AFTER)
+
+    def _heartbeat(self) -> None:
+        period = max(self.app.worker_settings.lease_seconds / 3, 0.5)
+        wait = period
+        while not self._beat_stop.wait(wait):
+            wait = period
+            with self._lock:
+                ids = list(self._running)
+            try:
+                held = self.runner.extend(ids) if ids else 0
+            except Exception as exc:
+                self._log_error("extending leases", exc, 1.0)
+                wait = 1.0
+                continue
+            if held < len(ids):
+                lost = f"{len(ids) - held} of {len(ids)} running job(s) lost their lease"
+                _log(logging.WARNING, "leases_lost", lost)
+
+    def _drain(self) -> int:
+        """Wait for running jobs within the grace; return how many are still running."""
+        deadline = time.monotonic() + self.app.worker_settings.shutdown_grace_seconds
+        while True:
+            self._wake.clear()
+            with self._lock:
+                running = sorted(self._running)
+            remaining = deadline - time.monotonic()
+            if running and (remaining <= 0 or self._force):
+                left = f"shutdown: job(s) {running} still running, left to lease expiry"
+                _log(logging.WARNING, "jobs_left_running", left, job_ids=running)
+            if not running or remaining <= 0 or self._force:
+                return len(running)
+            self._wake.wait(min(remaining, 1.0))
+
+    def _install_signals(self) -> dict[int, Any]:
+        def handle(signum: int, _frame: FrameType | None) -> None:
+            self._signals += 1
+            # Event.set and logging take locks the interrupted main thread may hold: a
+            # short-lived thread does both.
+            args = (signum, self._signals > 1)
+            threading.Thread(target=self._on_signal, args=args, daemon=True).start()
+
+        return {signum: signal.signal(signum, handle) for signum in (signal.SIGTERM, signal.SIGINT)}
+
+    def _on_signal(self, signum: int, force: bool) -> None:
+        doing = "not waiting for running jobs" if force else "stopping after the running jobs"
+        _log(logging.INFO, "worker_stopping", "%s: %s", signal.Signals(signum).name, doing)
+        self.stop(force)
+
+    def _touch(self, force: bool = False) -> None:
+        if force or time.monotonic() - self._touched >= PRESENCE_SECONDS:
+            _health.touch(self.app.store, self.app.worker_id, self.app.clock(), self._ticked_at)
+            self._touched = time.monotonic()
+
+    def _unregister(self) -> None:
+        try:
+            _health.forget(self.app.store, self.app.worker_id)
+        except Exception as exc:
+            self._log_error("unregistering", exc, None)
+        stopped = f"worker {self.app.worker_id} stopped after {self._handled} job(s)"
+        _log(logging.INFO, "worker_stopped", stopped)
+
+    @staticmethod
+    def _log_error(doing: str, exc: BaseException, retry_in: float | None) -> None:
+        then = f"; retrying in {retry_in:g}s" if retry_in is not None else ""
+        if not is_transient(exc):
+            log.error("error in %s%s", doing, then, exc_info=exc, extra={"action": "worker_error"})
+            return
+        lines = str(getattr(exc, "orig", None) or exc).strip().splitlines() or [repr(exc)]
+        _log(logging.WARNING, "database_error", "database error in %s: %s%s", doing, lines[0], then)

@@ -1,0 +1,280 @@
+"""The ``scheduler`` command: migrate, sync, tick, worker, status, enable, disable, trigger.
+
+The configuration file comes from ``--config``, else ``SCHEDULER_CONFIG``, else ``app.toml`` in
+the current directory. Every error is one line on stderr (``error: ...``) and exit status 1
+(2 for a usage error); ``--debug`` adds the traceback. Logging is configured here and only here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, NoReturn
+from zoneinfo import ZoneInfo
+
+import click
+from sqlalchemy.exc import SQLAlchemyError
+
+from . import __version__, _migrate
+from ._app import Scheduler
+from ._errors import ConfigError, SchedulerError
+
+CONFIG_ENV = "SCHEDULER_CONFIG"
+DEFAULT_CONFIG = "app.toml"
+LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+
+
+def describe(exc: BaseException) -> str:
+    """One line saying what went wrong."""
+    if isinstance(exc, SQLAlchemyError):
+        orig = getattr(exc, "orig", None)
+        lines = [ln.strip() for ln in str(orig if orig is not None else exc).splitlines()]
+        return f"database error: {next((ln for ln in lines if ln), type(exc).__name__)}"
+    text = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+    if isinstance(exc, SchedulerError | ImportError):
+        return text or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class _Group(click.Group):
+    """Turns any error of a command into one line on stderr, exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as exc:
+            if ctx.params.get("debug"):
+                traceback.print_exc()
+            click.echo(f"error: {describe(exc)}", err=True)
+            ctx.exit(1)
+
+
+def _setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(level)
+    if level != "DEBUG":  # alembic chats at INFO on every schema check
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+class State:
+    """The configuration path; the Scheduler is built when a command first needs it."""
+
+    def __init__(self, config: str | None) -> None:
+        self.config = config
+        self.app: Scheduler | None = None
+
+    def open(self, check_schema: bool = True) -> Scheduler:
+        if self.app is None:
+            if self.config is None and not os.path.exists(DEFAULT_CONFIG):
+                raise ConfigError(
+                    f"no configuration: pass --config FILE, set {CONFIG_ENV}, or create"
+                    f" {DEFAULT_CONFIG} in the current directory"
+                )
+            path = os.path.abspath(self.config or DEFAULT_CONFIG)
+            self.app = Scheduler.from_toml(path)
+            os.environ[CONFIG_ENV] = path  # handler modules may build their own app from it
+        if check_schema:
+            self.app.check_schema()  # refuse an outdated schema: "run `scheduler migrate`"
+        return self.app
+
+    def close(self) -> None:
+        if self.app is not None:
+            self.app.close()
+
+
+pass_state = click.make_pass_decorator(State)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--config",
+    "-c",
+    metavar="FILE",
+    envvar=CONFIG_ENV,
+    show_envvar=True,
+    help=f"TOML configuration file [default: ./{DEFAULT_CONFIG}].",
+)
+@click.option("--debug", is_flag=True, help="Debug logging, and tracebacks on errors.")
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+    envvar="SCHEDULER_LOG_LEVEL",
+    help="Log level (logs go to stderr).",
+)
+@click.version_option(__version__, "--version", prog_name="scheduler")
+@click.pass_context
+def cli(ctx: click.Context, config: str | None, debug: bool, log_level: str) -> None:
+    """Recurring tasks with rerun-in-place, on a durable SQL job queue."""
+    _setup_logging("DEBUG" if debug else log_level.upper())
+    state = State(config)
+    ctx.obj = state
+    ctx.call_on_close(state.close)
+
+
+@cli.command()
+@pass_state
+def migrate(state: State) -> None:
+    """Create or upgrade the database schema."""
+    app = state.open(check_schema=False)
+    app.migrate()
+    click.echo(f"schema at revision {_migrate.current_revision(app.store)} (head)")
+
+
+def _lines(names: dict[str, list[str]]) -> None:
+    """``action: name, name`` per line, aligned; ``-`` for none."""
+    width = max(len(key) for key in names) + 1
+    for key, found in names.items():
+        click.echo(f"{key.replace('_', ' ') + ':':<{width}} {', '.join(found) or '-'}")
+
+
+@cli.command()
+@click.option("--dry-run", is_flag=True, help="Show what would change; write nothing.")
+@pass_state
+def sync(state: State, dry_run: bool) -> None:
+    """Make the scheduler rows match the [[tasks]] of the file.
+
+    Inserts new tasks, updates changed ones, disables rows no longer in the file; all or
+    nothing. Prints the plan.
+    """
+    plan = state.open().sync(dry_run=dry_run)
+    if dry_run:
+        click.echo("dry run: nothing written")
+    _lines(plan.as_dict())
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@pass_state
+def tick(state: State, as_json: bool) -> None:
+    """Run one scheduler tick.
+
+    Each due row is dispatched, rerun in place, held back or disabled; prints the row names
+    per outcome. Handler modules in [worker] imports are imported first, so the jobs the tick
+    creates get their handlers' defaults.
+    """
+    from ._worker import import_handlers
+
+    app = state.open()
+    import_handlers(app.worker_settings.imports)  # the jobs it creates take their defaults
+    report = app.tick().as_dict()
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    _lines(report)
+
+
+@cli.command()
+@click.option(
+    "--once", is_flag=True, help="One round: take over, tick, run every ready job, then exit."
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="Jobs run at once (0: tick only) [default: [worker] concurrency].",
+)
+@pass_state
+def worker(state: State, once: bool, concurrency: int | None) -> None:
+    """Run the worker: tick, claim and run jobs.
+
+    Imports the [worker] imports modules, then ticks every tick_interval and runs ready jobs
+    on N threads, renewing their leases, until SIGTERM or SIGINT. Then it claims nothing new,
+    lets the running jobs finish within shutdown_grace_seconds (a second signal: no wait),
+    leaves any still running to lease expiry and takeover, and exits 0.
+    """
+    from ._worker import Worker, import_handlers
+
+    app = state.open()
+    import_handlers(app.worker_settings.imports)
+    result = Worker(app, concurrency=concurrency).run(once=once, install_signals=True)
+    if result.left_running:
+        # Their threads would keep the interpreter alive; their leases expire instead.
+        _hard_exit(0)
+
+
+def _hard_exit(code: int) -> NoReturn:
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@pass_state
+def status(state: State, as_json: bool) -> None:
+    """Show rows, job counts and health warnings."""
+    data = state.open().status()
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    _print_status(data)
+
+
+TABLE_HEADER = "NAME|ENABLED|NEXT RUN (LOCAL)|NEXT RUN (UTC)|LAST JOB|FAILURES|WHY DISABLED"
+
+
+def _table_row(row: dict[str, Any]) -> list[str]:
+    when = ["-", "-"]
+    if row["enabled"] and row["next_run_at"]:
+        utc = datetime.fromisoformat(row["next_run_at"])
+        local = utc.astimezone(ZoneInfo(row["timezone"]))
+        when = [f"{local:%Y-%m-%d %H:%M:%S} {row['timezone']}", f"{utc:%Y-%m-%d %H:%M:%S}Z"]
+    failures, why = str(row["consecutive_failures"]), row["disabled_reason"] or ""
+    state = row["last_job_state"] or "-"
+    return [row["name"], "yes" if row["enabled"] else "no", *when, state, failures, why]
+
+
+def _print_status(data: dict[str, Any]) -> None:
+    table = [TABLE_HEADER.split("|")] + [_table_row(r) for r in data["rows"]]
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    for line in table if data["rows"] else []:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+    if not data["rows"]:
+        click.echo("no scheduler rows (run `scheduler sync`)")
+    click.echo("\njobs: " + ", ".join(f"{state} {n}" for state, n in data["jobs"].items()))
+    h = data["health"]
+    click.echo(
+        f"health: waiting {h['waiting']}, stopped {h['stopped']}, overdue {h['overdue']},"
+        f" stalled {'yes' if h['stalled'] else 'no'}; last tick {h['last_tick_at'] or '-'},"
+        f" {len(h['workers'])} worker(s)"
+    )
+    for warning in h["warnings"]:
+        click.echo(f"warning: {warning}")
+
+
+def _row_command(name: str, action: Callable[[Scheduler, str], None], done: str, doc: str) -> None:
+    @cli.command(name=name, help=doc)
+    @click.argument("row", metavar="NAME")
+    @pass_state
+    def command(state: State, row: str) -> None:
+        action(state.open(), row)
+        click.echo(done.format(row=repr(row)))
+
+
+ENABLED = "enabled {row}: failures reset, next run computed from now"
+TRIGGERED = "triggered {row}: due now; the next tick dispatches it (same gates)"
+_row_command("enable", Scheduler.enable, ENABLED, "Re-enable row NAME, reset its failures.")
+_row_command("disable", Scheduler.disable, "disabled {row}", "Pause row NAME (until enable).")
+_row_command("trigger", Scheduler.trigger, TRIGGERED, "Make row NAME due now (same gates).")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``scheduler`` command."""
+    cli.main(args=argv, prog_name="scheduler")
+
+
+if __name__ == "__main__":
+    main()

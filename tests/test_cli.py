@@ -1,0 +1,302 @@
+"""The ``scheduler`` command, run as a real subprocess on SQLite files and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, inspect
+
+import scheduler
+from scheduler import Scheduler
+from scheduler._handlers import Registry
+
+COMMAND = [sys.executable, "-m", "scheduler.cli"]
+
+JOBS_MODULE = """
+import pathlib, time
+from scheduler import default_registry
+
+@default_registry.handler("t.ok", retry_safe=True)
+def ok(job):
+    pass
+
+@default_registry.handler("t.slow", retry_safe=True)
+def slow(job):
+    pathlib.Path(job.payload["started"]).touch()
+    time.sleep(job.payload["seconds"])
+"""
+
+
+def write_config(
+    directory: Path, url: str, *, tasks: str = "", worker: str = "", name: str = "app.toml"
+) -> Path:
+    """A config whose handlers come from ``cli_jobs.py`` in ``directory``."""
+    (directory / "cli_jobs.py").write_text(JOBS_MODULE)
+    path = directory / name
+    path.write_text(
+        f'[database]\nurl = "{url}"\n\n[scheduler]\ntick_interval = 0.2\n\n'
+        f'[worker]\nimports = ["cli_jobs"]\nlease_seconds = 5\n{worker}\n{tasks}'
+    )
+    return path
+
+
+def run_cli(
+    cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SCHEDULER_CONFIG", "SCHEDULER_DATABASE_URL")
+    }
+    return subprocess.run(
+        [*COMMAND, *args],
+        cwd=cwd,
+        env={**clean, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_all(cwd: Path, *commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
+    """Run independent commands at once (each start-up costs half a second)."""
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SCHEDULER_CONFIG", "SCHEDULER_DATABASE_URL")
+    }
+    procs = [
+        subprocess.Popen(
+            [*COMMAND, *args],
+            cwd=cwd,
+            env=clean,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for args in commands
+    ]
+    results = []
+    for args, proc in zip(commands, procs, strict=True):
+        out, err = proc.communicate(timeout=60)
+        results.append(subprocess.CompletedProcess(args, proc.returncode, out, err))
+    return results
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The command failed with exactly one line on stderr, and no traceback."""
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+SPEC_ROW = (
+    "name",
+    "enabled",
+    "next_run_at",
+    "last_job_state",
+    "consecutive_failures",
+    "disabled_reason",
+)
+SPEC_HEALTH = ("waiting", "stopped", "overdue", "stalled", "warnings")
+TASK = (
+    '[[tasks]]\nname = "nightly"\ncron = "0 3 1 1 *"\nhandler = "t.ok"\n'
+    'timezone = "Europe/Berlin"\n'
+)
+
+
+def test_version(tmp_path: Path) -> None:
+    assert (
+        ok(run_cli(tmp_path, "--version")).strip() == f"scheduler, version {scheduler.__version__}"
+    )
+
+
+def test_migrate_sync_tick_worker_status(db_url_sp: str, tmp_path: Path) -> None:
+    write_config(tmp_path, db_url_sp, tasks=TASK)
+    assert "(head)" in ok(run_cli(tmp_path, "migrate"))  # idempotent on a migrated database
+    dry = ok(run_cli(tmp_path, "sync", "--dry-run"))
+    assert dry.splitlines()[:2] == ["dry run: nothing written", "insert:    nightly"]
+    reader = Scheduler(db_url_sp, registry=Registry())
+    assert reader.rows() == []
+    assert ok(run_cli(tmp_path, "sync")).splitlines()[0] == "insert:    nightly"
+    assert ok(run_cli(tmp_path, "tick")).splitlines()[0] == "dispatched: -"  # not due yet
+    assert "triggered 'nightly'" in ok(run_cli(tmp_path, "trigger", "nightly"))
+    assert json.loads(ok(run_cli(tmp_path, "tick", "--json"))) == {
+        "dispatched": ["nightly"],
+        "rerun": [],
+        "held_back": [],
+        "disabled": [],
+        "lost_race": [],
+    }
+    worker = run_cli(tmp_path, "worker", "--once", "--concurrency", "2")
+    assert worker.returncode == 0, worker.stderr
+    assert "(t.ok) succeeded" in worker.stderr
+
+    data: dict[str, Any] = json.loads(ok(run_cli(tmp_path, "status", "--json")))
+    assert data == reader.status() | {"health": data["health"]}
+    assert list(data) == ["rows", "jobs", "health"]
+    [row] = data["rows"]
+    assert {k: row[k] for k in SPEC_ROW} == {
+        "name": "nightly",
+        "enabled": True,
+        "next_run_at": row["next_run_at"],
+        "last_job_state": "succeeded",
+        "consecutive_failures": 0,
+        "disabled_reason": None,
+    }
+    assert row["next_run_at"].endswith("Z") and row["timezone"] == "Europe/Berlin"
+    assert data["jobs"] == {"queued": 0, "claimed": 0, "succeeded": 1, "aborted": 0}
+    health = data["health"]
+    assert {k: health[k] for k in SPEC_HEALTH} == {
+        "waiting": 0,
+        "stopped": 0,
+        "overdue": 0,
+        "stalled": False,
+        # The --once worker said goodbye (its row is gone), so nothing is ticking now.
+        "warnings": ["no worker is running: start `scheduler worker`"],
+    }
+    assert health["workers"] == []
+    reader.close()
+
+
+def test_enable_disable_and_the_status_table(tmp_path: Path, sqlite_template: Path) -> None:
+    db = tmp_path / "rows.db"
+    db.write_bytes(sqlite_template.read_bytes())
+    write_config(tmp_path, f"sqlite:///{db}", tasks=TASK)
+    ok(run_cli(tmp_path, "sync"))
+    assert ok(run_cli(tmp_path, "disable", "nightly")) == "disabled 'nightly'\n"
+    table = ok(run_cli(tmp_path, "status")).splitlines()
+    assert re.split(r"\s{2,}", table[0]) == [
+        "NAME",
+        "ENABLED",
+        "NEXT RUN (LOCAL)",
+        "NEXT RUN (UTC)",
+        "LAST JOB",
+        "FAILURES",
+        "WHY DISABLED",
+    ]
+    assert table[1].split() == ["nightly", "no", "-", "-", "-", "0", "manual"]
+    assert "jobs: queued 0, claimed 0, succeeded 0, aborted 0" in table
+    assert "enabled 'nightly'" in ok(run_cli(tmp_path, "enable", "nightly"))
+    row = ok(run_cli(tmp_path, "status")).splitlines()[1].split()
+    assert row[:2] == ["nightly", "yes"] and row[3:5] == ["03:00:00", "Europe/Berlin"]
+    assert row[6:] == ["02:00:00Z", "-", "0"]  # 03:00 CET on 1 January
+
+
+def sqlite_tables(path: Path) -> set[str]:
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+COMMANDS = [["sync"], ["tick"], ["status", "--json"], ["enable", "x"], ["trigger", "x"], ["worker"]]
+
+
+def test_outdated_schema_is_refused_until_migrate(tmp_path: Path) -> None:
+    db = tmp_path / "fresh.db"
+    write_config(tmp_path, f"sqlite:///{db}", tasks=TASK)
+    for command, result in zip(COMMANDS, run_all(tmp_path, *COMMANDS), strict=True):
+        assert "run `scheduler migrate`" in one_error_line(result), command
+    assert sqlite_tables(db) == set()  # nothing was created
+    ok(run_cli(tmp_path, "migrate"))
+    ok(run_cli(tmp_path, "sync"))
+
+
+BAD_TASK = TASK + '[[tasks]]\nname = "broken"\ncron = "61 * * * *"\nhandler = "t.ok"\n'
+CREDENTIAL = TASK.replace("[[tasks]]", "[[tasks]]\npayload = { api_token = 's3cret' }")
+
+
+@pytest.mark.parametrize(
+    ("args", "tasks", "imports", "expected"),
+    [
+        (["--config", "missing.toml", "status"], None, "", "missing.toml: cannot read file"),
+        (["status"], None, "", "no configuration: pass --config FILE, set SCHEDULER_CONFIG"),
+        (["sync"], BAD_TASK, "", "task 'broken': key 'cron'"),
+        (["sync"], CREDENTIAL, "", "task 'nightly': key 'payload.api_token'"),
+        (
+            ["sync"],
+            TASK.replace("handler", "handlr"),
+            "",
+            "key 'handlr': unknown key (did you mean 'handler'?)",
+        ),
+        (["sync"], TASK + "[worker]\n", "", "invalid TOML"),
+        (["enable", "nope"], TASK, "", "no scheduler row named 'nope'"),
+        (
+            ["worker", "--once"],
+            TASK,
+            "no_such_mod",
+            "cannot import 'no_such_mod' from [worker] imports: No module named 'no_such_mod'",
+        ),
+    ],
+    ids=[
+        "missing-file",
+        "no-config",
+        "bad-cron",
+        "credential",
+        "unknown-key",
+        "invalid-toml",
+        "unknown-row",
+        "bad-import",
+    ],
+)
+def test_errors_are_one_line_and_change_nothing(
+    tmp_path: Path,
+    sqlite_template: Path,
+    args: list[str],
+    tasks: str | None,
+    imports: str,
+    expected: str,
+) -> None:
+    db = tmp_path / "app.db"
+    db.write_bytes(sqlite_template.read_bytes())
+    if tasks is not None:
+        path = write_config(tmp_path, f"sqlite:///{db}", tasks=tasks)
+        if imports:
+            path.write_text(path.read_text().replace('"cli_jobs"', f'"cli_jobs", "{imports}"'))
+    before = db.read_bytes()
+    assert expected in one_error_line(run_cli(tmp_path, *args))
+    assert db.read_bytes() == before
+
+
+def test_unreachable_database_is_one_line(tmp_path: Path) -> None:
+    write_config(tmp_path, "postgresql+psycopg://postgres@127.0.0.1:1/test", tasks=TASK)
+    line = one_error_line(run_cli(tmp_path, "status"))
+    assert line.startswith("error: database error: ") and "127.0.0.1" in line
+
+
+def test_debug_shows_the_traceback_and_usage_errors_exit_2(tmp_path: Path) -> None:
+    write_config(tmp_path, f"sqlite:///{tmp_path / 'fresh.db'}")
+    result = run_cli(tmp_path, "--debug", "status")
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and "SchemaOutdated" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: database schema is at")
+
+    usage, negative = run_all(tmp_path, ["frobnicate"], ["worker", "--concurrency", "-1"])
+    assert usage.returncode == 2 and "No such command 'frobnicate'" in usage.stderr
+    assert negative.returncode == 2
+
+
+def test_config_from_environment(tmp_path: Path, sqlite_template: Path) -> None:
+    db = tmp_path / "env.db"
+    db.write_bytes(sqlite_template.read_bytes())
+    path = write_config(tmp_path, f"sqlite:///{db}", tasks=TASK, name="elsewhere.toml")
+    assert "insert:    nightly" in ok(
+        run_cli(tmp_path, "sync", env={"SCHEDULER_CONFIG": str(path)})
+    )

@@ -1,0 +1,309 @@
+"""The worker: graceful SIGTERM, leases kept alive, database errors survived, the example demo."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.exc import OperationalError
+from test_cli import COMMAND, write_config
+
+from scheduler import Scheduler
+from scheduler._handlers import Registry
+from scheduler._tables import workers
+from scheduler._worker import Worker
+
+ROOT = Path(__file__).resolve().parent.parent
+
+OWN_APP_MODULE = '''
+"""Its own Scheduler.from_toml (the CLI exports SCHEDULER_CONFIG); lands in default_registry."""
+import os, pathlib, time
+from scheduler import Scheduler
+
+app = Scheduler.from_toml(os.environ["SCHEDULER_CONFIG"])
+
+@app.handler("t.slow", retry_safe=True)
+def slow(job):
+    pathlib.Path(job.payload["started"]).touch()
+    time.sleep(job.payload["seconds"])
+'''
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class WorkerProcess:
+    """``scheduler worker`` as a subprocess, its stderr in a file."""
+
+    def __init__(self, cwd: Path, config: Path, *args: str) -> None:
+        self.log = cwd / f"worker-{time.monotonic_ns()}.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                [*COMMAND, "--config", str(config), "worker", *args],
+                cwd=cwd,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def stop(self, timeout: float = 30) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[..., WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def start(cwd: Path, config: Path, *args: str) -> WorkerProcess:
+        started.append(WorkerProcess(cwd, config, *args))
+        return started[-1]
+
+    yield start
+    for process in started:
+        process.kill()
+
+
+@pytest.fixture
+def client(db_url_sp: str) -> Iterator[Scheduler]:
+    app = Scheduler(db_url_sp, registry=Registry())
+    yield app
+    app.close()
+
+
+def slow_job(app: Scheduler, tmp_path: Path, name: str, seconds: float) -> int:
+    started = tmp_path / f"{name}.started"
+    return app.enqueue("t.slow", {"started": str(started), "seconds": seconds})
+
+
+def worker_rows(app: Scheduler) -> list[Any]:
+    with app.store.read() as conn:
+        return list(conn.execute(select(workers)))
+
+
+def test_sigterm_lets_the_running_job_finish(
+    db_url_sp: str, client: Scheduler, tmp_path: Path, spawn: Callable[..., WorkerProcess]
+) -> None:
+    (tmp_path / "own_jobs.py").write_text(OWN_APP_MODULE)
+    config = write_config(tmp_path, db_url_sp, worker="concurrency = 1\n")
+    config.write_text(config.read_text().replace('"cli_jobs"', '"own_jobs"'))
+    first = slow_job(client, tmp_path, "first", 2.0)
+    second = slow_job(client, tmp_path, "second", 2.0)
+    worker = spawn(tmp_path, config)
+    wait_for((tmp_path / "first.started").exists, 20, "the first job to start")
+    assert len(worker_rows(client)) == 1  # registered while alive
+
+    assert worker.stop() == 0, worker.output()
+    assert client.get_job(first).state == "succeeded"  # type: ignore[union-attr]
+    waiting = client.get_job(second)
+    assert (waiting.state, waiting.attempts) == ("queued", 0)  # type: ignore[union-attr]
+    assert "SIGTERM: stopping" in worker.output()
+    assert worker_rows(client) == []  # unregistered on a clean exit
+
+
+def test_jobs_still_running_after_the_grace_are_left_to_their_lease(
+    tmp_path: Path, sqlite_template: Path, spawn: Callable[..., WorkerProcess]
+) -> None:
+    db = tmp_path / "grace.db"
+    shutil.copy(sqlite_template, db)
+    client = Scheduler(f"sqlite:///{db}", registry=Registry())
+    config = write_config(tmp_path, f"sqlite:///{db}", worker="shutdown_grace_seconds = 0.5\n")
+    job = slow_job(client, tmp_path, "stuck", 60.0)
+    worker = spawn(tmp_path, config)
+    wait_for((tmp_path / "stuck.started").exists, 20, "the job to start")
+    began = time.monotonic()
+    assert worker.stop() == 0, worker.output()
+    assert time.monotonic() - began < 10
+    assert "still running, left to lease expiry" in worker.output()
+    assert client.get_job(job).state == "claimed"  # type: ignore[union-attr]
+    client.close()
+
+
+def test_database_errors_are_retried_with_backoff(
+    tmp_path: Path,
+    sqlite_template: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    db = tmp_path / "flaky.db"
+    shutil.copy(sqlite_template, db)
+    # A 2.4 s lease (below what a config file allows): the heartbeat renews it every 0.8 s.
+    app = Scheduler(f"sqlite:///{db}", registry=Registry(), tick_interval=0.05, lease_seconds=2.4)
+    leases: list[datetime] = []
+
+    @app.handler("t.watch", retry_safe=True)
+    def watch(job: Any) -> None:  # outlives its first lease: only heartbeats let it finish
+        leases.append(app.get_job(job.id).lease_expires_at)  # type: ignore[union-attr,arg-type]
+        time.sleep(2.8)
+        leases.append(app.get_job(job.id).lease_expires_at)  # type: ignore[union-attr,arg-type]
+
+    calls = 0
+    real_tick = app.tick
+
+    def flaky_tick(now: datetime | None = None) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls <= 2:
+            raise OperationalError("SELECT 1", {}, Exception("server closed the connection"))
+        return real_tick(now)
+
+    monkeypatch.setattr(app, "tick", flaky_tick)
+    job = app.enqueue("t.watch", {})
+    worker = Worker(app, concurrency=2)
+    results: list[Any] = []
+    thread = threading.Thread(target=lambda: results.append(worker.run()))
+    with caplog.at_level(logging.INFO, logger="scheduler"):
+        thread.start()
+        wait_for(lambda: app.get_job(job).state == "succeeded", 20, "the job")  # type: ignore[union-attr]
+        assert calls > 3 and len(worker_rows(app)) == 1
+        worker.stop()
+        thread.join(20)
+    assert results[0].handled == 1 and results[0].left_running == 0
+    assert leases[1] - leases[0] >= timedelta(seconds=1.5)
+    text = caplog.text
+    assert "database error in tick: server closed the connection; retrying in 0.5s" in text
+    assert "retrying in 1s" in text
+    assert worker_rows(app) == []
+    app.close()
+
+
+def test_killed_connections_lose_no_job(
+    pg_url: str, tmp_path: Path, spawn: Callable[..., WorkerProcess]
+) -> None:
+    victim = f"{pg_url}&application_name=sched_worker_{os.getpid()}"
+    survive_database_outage(victim, tmp_path, spawn, lambda: terminate_backends(pg_url, victim))
+
+
+def pg_restart_allowed() -> str | None:
+    if shutil.which("pg_ctlcluster") is None or not Path("/etc/postgresql").is_dir():
+        return "pg_ctlcluster is not available"
+    if not (os.environ.get("CI") or os.environ.get("SCHEDULER_TEST_PG_RESTART")):
+        return "restarts the shared server: set SCHEDULER_TEST_PG_RESTART=1 (CI runs it)"
+    return None
+
+
+@pytest.mark.slow
+def test_postgresql_restart_loses_no_job(
+    pg_url: str, tmp_path: Path, spawn: Callable[..., WorkerProcess]
+) -> None:
+    reason = pg_restart_allowed()
+    if reason:
+        pytest.skip(reason)
+    survive_database_outage(pg_url, tmp_path, spawn, restart_postgresql)
+
+
+def survive_database_outage(
+    url: str, tmp_path: Path, spawn: Callable[..., WorkerProcess], outage: Callable[[], None]
+) -> None:
+    client = Scheduler(url, registry=Registry())
+    config = write_config(tmp_path, url, worker="concurrency = 3\n")
+    ids = [slow_job(client, tmp_path, f"before-{i}", 0.3) for i in range(12)]
+    worker = spawn(tmp_path, config)
+
+    def done() -> int:
+        return sum(client.get_job(i).state == "succeeded" for i in ids)  # type: ignore[union-attr]
+
+    wait_for(lambda: done() >= 3, 20, "a few jobs to succeed")
+    outage()
+    ids += [slow_job(client, tmp_path, f"after-{i}", 0.1) for i in range(6)]
+    wait_for(lambda: done() == len(ids), 40, "every job to succeed")
+    assert worker.proc.poll() is None, worker.output()
+    assert worker.stop() == 0, worker.output()
+    client.close()
+
+
+def terminate_backends(admin_url: str, victim_url: str) -> None:
+    """Kill the worker's connections again and again for a second and a half."""
+    name = victim_url.rsplit("application_name=", 1)[1]
+    engine = create_engine(admin_url)
+    killed = 0
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        with engine.begin() as conn:
+            killed += conn.execute(
+                text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE application_name = :name"
+                ),
+                {"name": name},
+            ).scalar_one()
+        time.sleep(0.02)
+    engine.dispose()
+    assert killed, "the worker had no connection to kill"
+
+
+def restart_postgresql() -> None:
+    version = sorted(os.listdir("/etc/postgresql"))[-1]
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    for _ in range(60):
+        ready = subprocess.run(
+            ["pg_isready", "-q", "-h", "127.0.0.1", "-p", "5432"], check=False, timeout=10
+        )
+        if ready.returncode == 0:
+            return
+        time.sleep(0.5)
+    raise AssertionError("PostgreSQL did not come back")
+
+
+def test_the_example_configuration_alerts(
+    tmp_path: Path,
+    sqlite_template: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    db = tmp_path / "example.db"
+    shutil.copy(sqlite_template, db)
+    monkeypatch.setenv("SCHEDULER_DATABASE_URL", f"sqlite:///{db}")
+    now = [datetime(2030, 1, 1, tzinfo=UTC)]
+    app = Scheduler.from_toml(ROOT / "app.example.toml", clock=lambda: now[0])
+    __import__(app.worker_settings.imports[0])  # what the worker does at start-up
+    app.sync()
+    with caplog.at_level(logging.INFO, logger="scheduler"):
+        for step in range(1, 6):
+            now[0] = datetime(2030, 1, 1, tzinfo=UTC) + timedelta(seconds=5 * step)
+            app.tick()
+            app.work()
+    flaky, heartbeat = app.get_row("flaky-sync"), app.get_row("heartbeat")
+    assert flaky is not None and heartbeat is not None
+    assert (flaky.enabled, flaky.disabled_reason, flaky.consecutive_failures) == (
+        False,
+        "max_consecutive_failures",
+        3,
+    )
+    assert (heartbeat.enabled, heartbeat.last_job_state) == (True, "succeeded")
+    alerts = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ALERT")]
+    assert alerts == [
+        "ALERT: task 'flaky-sync' disabled after 3 consecutive failures"
+        " (last error upstream_unavailable)"
+    ]
+    app.close()
