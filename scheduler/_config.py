@@ -205,22 +205,25 @@ def _worker_settings(data: Any, path: str) -> WorkerSettings:
     return settings
 
 
-def _task_name(t: _Table) -> str:
-    name = t.text("name")
+def _task_name(t: _Table, key: str = "name") -> str:
+    """A name stored in a 200-character column: the task's name, or its handler's."""
+    name = t.text(key)
     if len(name) > MAX_NAME_LENGTH:
-        raise t.error("name", f"longer than {MAX_NAME_LENGTH} characters")
+        raise t.error(key, f"longer than {MAX_NAME_LENGTH} characters")
     if name != name.strip() or any(unicodedata.category(ch) == "Cc" for ch in name):
-        raise t.error("name", "must not have leading or trailing whitespace or control characters")
+        raise t.error(key, "must not have leading or trailing whitespace or control characters")
     return name
 
 
 def _task(t: _Table, name: str, settings: SchedulerSettings) -> TaskSpec:
     cron = t.text("cron")
+    if len(cron) > MAX_NAME_LENGTH:
+        raise t.error("cron", f"longer than {MAX_NAME_LENGTH} characters")
     try:
         validate_cron(cron, name)
     except ValueError as exc:
         raise t.error("cron", str(exc)) from exc
-    handler = t.text("handler")
+    handler = _task_name(t, "handler")
     payload = t.get("payload", "a table", _is_table)
     credential = find_credential_key(payload)
     if credential:
@@ -306,4 +309,6 @@ def load_config(path: str | os.PathLike[str]) -> AppConfig:
         raise ConfigError(f"{name}: invalid TOML: not UTF-8 text ({exc.reason})") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(_one_line(f"{name}: invalid TOML: {exc}")) from exc
+    except RecursionError:
+        raise ConfigError(f"{name}: invalid TOML: arrays or tables nested too deeply") from None
     return parse_config(data, name)

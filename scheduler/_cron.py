@@ -11,9 +11,11 @@ from __future__ import annotations
 import functools
 import threading
 from datetime import UTC, datetime
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
+from croniter.croniter import MARKER
 
 __all__ = ["has_fixed_hour", "next_after", "validate_cron", "validate_timezone"]
 
@@ -86,13 +88,43 @@ def _is_repeat(local: datetime) -> bool:
     return local.fold == 1 and local.utcoffset() != local.replace(fold=0).utcoffset()
 
 
+class _Croniter(croniter):
+    """croniter whose UTC -> local conversion keeps ``fold`` (the second 02:30 of a fall-back).
+
+    croniter converts with ``astimezone``; under freezegun that returns a FakeDatetime without
+    its ``fold`` (spulec/freezegun#422) and iteration gets stuck in a repeated hour; ``fromutc``
+    sets ``fold`` itself, whatever the datetime class.
+    """
+
+    def timestamp_to_datetime(self, timestamp: float, tzinfo: Any = MARKER) -> datetime:
+        zone = self.tzinfo if tzinfo is MARKER else tzinfo
+        naive = super().timestamp_to_datetime(timestamp, None)
+        return naive if zone is None else zone.fromutc(naive.replace(tzinfo=zone))
+
+
 @functools.lru_cache(maxsize=4096)
 def _iterator(expr: str, tz: str, hash_id: bytes | None) -> croniter:
     """A parsed expression, reused across calls (parsing is most of a call's cost)."""
-    return croniter(expr, datetime.now(ZoneInfo(tz)), hash_id=hash_id)
+    return _Croniter(expr, datetime.now(ZoneInfo(tz)), hash_id=hash_id)
 
 
 _lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=4096)
+def _named(expr: str, hash_id: bytes | None) -> tuple[frozenset[int] | None, ...]:
+    """The minutes and hours `expr` names (None for a bare `*`)."""
+    fields = croniter.expand(expr, hash_id=hash_id)[0][:2]
+    return tuple(None if f == ["*"] else frozenset(int(v) for v in f) for f in fields)
+
+
+def _moved_out_of_gap(local: datetime, expr: str, hash_id: bytes | None) -> bool:
+    """True when croniter moved a slot out of a spring-forward gap to a wall-clock time the
+    expression does not name (``0 */2`` at 03:00): real-time expressions skip such slots."""
+    minutes, hours = _named(expr, hash_id)
+    return (minutes is not None and local.minute not in minutes) or (
+        hours is not None and local.hour not in hours
+    )
 
 
 def next_after(expr: str, tz: str, after: datetime, name: str) -> datetime:
@@ -101,13 +133,16 @@ def next_after(expr: str, tz: str, after: datetime, name: str) -> datetime:
         raise ValueError("after must be timezone-aware")
     after_utc = after.astimezone(UTC)
     fixed = has_fixed_hour(expr)
-    it = _iterator(expr, tz, _hash_id(expr, name))
+    hash_id = _hash_id(expr, name)
+    it = _iterator(expr, tz, hash_id)
     with _lock:  # a cached iterator is stateful
-        it.set_current(after_utc.astimezone(it.tzinfo), force=True)
+        it.set_current(after_utc.timestamp(), force=True)  # a timestamp is never ambiguous
         for _ in range(_MAX_SKIPS):
             local: datetime = it.get_next(datetime)
             utc = local.astimezone(UTC)
             if utc <= after_utc or (fixed and _is_repeat(local)):
+                continue
+            if not fixed and _moved_out_of_gap(local, expr, hash_id):
                 continue
             return utc
     raise RuntimeError(f"no slot found for cron {expr!r} in {tz} after {after.isoformat()}")

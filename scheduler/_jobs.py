@@ -146,7 +146,7 @@ def claim(
     ready = (
         select(jobs.c.id)
         .where(jobs.c.state == QUEUED, jobs.c.run_at <= now, jobs.c.queue.in_(queues))
-        .order_by(jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id)
+        .order_by(jobs.c.priority, jobs.c.run_at, jobs.c.id)
         .limit(limit)
     )
     if store.caps.skip_locked:
@@ -159,14 +159,19 @@ def claim(
         "attempts": jobs.c.attempts + 1,
     }
     if store.caps.update_returning and store.caps.dialect != "mysql":
+        # Materialized, the locking SELECT runs once. As a plain IN-subquery PostgreSQL may plan
+        # a nested-loop semi-join that reruns it per outer row, each run skipping the rows this
+        # statement already locked: claim(limit=1) then claimed every ready job.
+        picked = ready.cte("ready").prefix_with("MATERIALIZED")
         stmt = (
             update(jobs)
-            .where(jobs.c.id.in_(ready.scalar_subquery()), jobs.c.state == QUEUED)
+            .where(jobs.c.id.in_(select(picked.c.id)), jobs.c.state == QUEUED)
             .values(**claim_values)
             .returning(*jobs.c)
         )
         return sorted(
-            (Job.from_row(r) for r in conn.execute(stmt)), key=lambda j: (-j.priority, j.run_at)
+            (Job.from_row(r) for r in conn.execute(stmt)),
+            key=lambda j: (j.priority, j.run_at, j.id),
         )
     # Portable path (MariaDB/MySQL: no UPDATE ... RETURNING, no LIMIT in IN-subqueries).
     ids = list(conn.execute(ready).scalars())
@@ -178,7 +183,7 @@ def claim(
     won = conn.execute(
         select(jobs)
         .where(jobs.c.id.in_(ids), jobs.c.state == CLAIMED, jobs.c.lease_owner == owner)
-        .order_by(jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id)
+        .order_by(jobs.c.priority, jobs.c.run_at, jobs.c.id)
     )
     return [Job.from_row(r) for r in won]
 
@@ -380,9 +385,8 @@ def history(conn: Connection, job_id: int) -> list[dict[str, Any]]:
 
 
 def counts(conn: Connection) -> dict[str, int]:
-    found: dict[str, int] = dict(
-        conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).tuples()
-    )
+    stmt = select(jobs.c.state, func.count()).group_by(jobs.c.state)
+    found: dict[str, int] = {state: n for state, n in conn.execute(stmt)}
     return {state: int(found.get(state, 0)) for state in STATES}
 
 

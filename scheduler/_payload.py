@@ -42,24 +42,51 @@ def find_credential_key(value: Any, path: str = "") -> str | None:
     return None
 
 
+def find_non_string_key(value: Any, path: str = "") -> str | None:
+    """Return the path of the first key that is not a string (JSON would change it), or None."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            here = f"{path}.{key}" if path else str(key)
+            if not isinstance(key, str):
+                return here
+            found = find_non_string_key(item, here)
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = find_non_string_key(item, f"{path}[{index}]")
+            if found:
+                return found
+    return None
+
+
 def encode_payload(payload: Any, limit: int = DEFAULT_PAYLOAD_LIMIT) -> str:
     """Validate ``payload`` and return its compact JSON text.
 
-    Raises :class:`PayloadError` for a non-object, non-JSON values, an oversized payload or a
-    credential-like key (the key's path is named, its value never).
+    Raises :class:`PayloadError` for a non-object, non-JSON values, a key that is not a string,
+    an oversized or too deeply nested payload, or a credential-like key (the key's path is
+    named, its value never).
     """
     if payload is None:
         payload = {}
     if not isinstance(payload, Mapping):
         raise PayloadError(f"payload must be a JSON object (a dict), not {type(payload).__name__}")
-    found = find_credential_key(payload)
+    try:
+        found = find_credential_key(payload)
+        odd_key = find_non_string_key(payload)
+    except RecursionError:
+        raise PayloadError("payload is nested too deeply") from None
     if found:
         raise PayloadError(
             f"payload key {found!r} looks like a credential; pass a reference"
             " (for example a secret's name), never the secret itself"
         )
+    if odd_key:
+        raise PayloadError(f"payload key {odd_key!r} is not a string (JSON keys are strings)")
     try:
         text = json.dumps(payload, separators=(",", ":"), sort_keys=True, allow_nan=False)
+    except RecursionError:
+        raise PayloadError("payload is nested too deeply") from None
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"payload is not JSON-serialisable: {exc}") from None
     size = len(text.encode())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -220,7 +221,9 @@ class Runner:
     def abandon(self, job: Job, handler: Handler, cause: str, started: datetime) -> Outcome:
         """Run the ``abandoned`` hook (isolated); the job is to end ``aborted``/``abandoned``."""
         hook = handler.abandoned or getattr(handler.func, "abandoned", None)
-        if hook is not None:
+        # Only the lease holder runs the hook: a worker whose lease was taken over meanwhile
+        # must not run it a second time (the new owner abandons the job itself).
+        if hook is not None and self.extend([job.id]):
             try:
                 hook(RunningJob(job, self))
             except Exception:
@@ -257,7 +260,6 @@ class Runner:
                     "database unavailable while recording %s job(s); retrying in %.1fs",
                     len(items),
                     delay,
-                    exc_info=True,
                     extra={"action": "record_retry"},
                 )
                 time.sleep(delay)
@@ -309,3 +311,64 @@ class Runner:
                 self.run(job)
                 handled += 1
         return handled
+
+
+class Recorder:
+    """Records finished attempts from many threads in few transactions (group commit).
+
+    Worker threads hand in outcomes and go back to work; one thread writes whatever has
+    piled up since its last commit in a single transaction, then calls each ``done``. The
+    jobs stay claimed (and their leases renewed) until written, so nothing is lost if the
+    process dies first: a takeover reruns or abandons them as after any crash.
+    """
+
+    def __init__(self, runner: Runner, *, max_batch: int = 500) -> None:
+        self.runner = runner
+        self.max_batch = max_batch
+        self._pending: list[tuple[Outcome, Callable[[str], None]]] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="scheduler-recorder", daemon=True)
+        self._thread.start()
+
+    def submit(self, outcome: Outcome, done: Callable[[str], None]) -> None:
+        with self._cond:
+            if not self._closed:
+                self._pending.append((outcome, done))
+                self._cond.notify()
+                return
+        self._write([(outcome, done)])  # after close: write in the caller's thread
+
+    def close(self) -> None:
+        """Write what is pending, then stop the writing thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                batch = self._pending[: self.max_batch]
+                del self._pending[: self.max_batch]
+            self._write(batch)
+
+    def _write(self, batch: list[tuple[Outcome, Callable[[str], None]]]) -> None:
+        try:
+            results = self.runner.record([outcome for outcome, _ in batch])
+        except Exception:
+            log.exception(
+                "%s finished job(s) could not be recorded; their leases will expire",
+                len(batch),
+                extra={"action": "record_failed"},
+            )
+            results = ["unrecorded"] * len(batch)
+        for (_, done), result in zip(batch, results, strict=True):
+            try:
+                done(result)
+            except Exception:
+                log.exception("recorder callback failed", extra={"action": "record_callback"})

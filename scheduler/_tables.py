@@ -51,12 +51,21 @@ class UTCDateTime(TypeDecorator[datetime]):
 # SQLite only auto-increments an INTEGER PRIMARY KEY; elsewhere ids are 64-bit.
 Id = BigInteger().with_variant(Integer(), "sqlite")
 
+# A unique text key compares exactly on every engine. MariaDB/MySQL's default collations ignore
+# case and accents, which would make "Report" and "report" (or "café" and "cafe") one key.
+UniqueKey = String(200).with_variant(
+    mysql.VARCHAR(200, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
+)
+
+# MariaDB/MySQL's TEXT holds 65,535 bytes: one short of the default 64 KiB payload limit.
+Payload = Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
+
 jobs = Table(
     "scheduler_jobs",
     metadata,
     Column("id", Id, primary_key=True, autoincrement=True),
     Column("handler", String(200), nullable=False),
-    Column("payload", Text, nullable=False),
+    Column("payload", Payload, nullable=False),
     Column("queue", String(100), nullable=False),
     Column("priority", Integer, nullable=False),
     Column("run_at", UTCDateTime, nullable=False),
@@ -69,11 +78,12 @@ jobs = Table(
     Column("last_error_code", String(200)),
     # Set only while the job is active (queued or claimed); NULLs never collide, so the
     # unique constraint is "at most one active job per key" on every engine.
-    Column("dedupe_key", String(200), unique=True),
+    Column("dedupe_key", UniqueKey, unique=True),
     Column("task_name", String(200)),
     Column("created_at", UTCDateTime, nullable=False),
     Column("finished_at", UTCDateTime),
-    Index("ix_scheduler_jobs_ready", "state", "run_at"),
+    # The claim's scan: lower priority values first (as in Oban), then oldest run_at.
+    Index("ix_scheduler_jobs_ready", "state", "queue", "priority", "run_at", "id"),
     Index("ix_scheduler_jobs_lease", "state", "lease_expires_at"),
     Index("ix_scheduler_jobs_finished", "state", "finished_at"),
 )
@@ -96,9 +106,9 @@ rows = Table(
     "scheduler_rows",
     metadata,
     Column("id", Id, primary_key=True, autoincrement=True),
-    Column("name", String(200), nullable=False, unique=True),
+    Column("name", UniqueKey, nullable=False, unique=True),
     Column("handler", String(200), nullable=False),
-    Column("payload", Text, nullable=False),
+    Column("payload", Payload, nullable=False),
     Column("cron", String(200), nullable=False),
     Column("timezone", String(64), nullable=False),
     Column("concurrent", Boolean, nullable=False),

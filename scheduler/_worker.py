@@ -40,6 +40,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from . import _health
 from ._jobs import Job
+from ._runner import Recorder
 
 if TYPE_CHECKING:
     from ._app import Scheduler
@@ -87,6 +88,7 @@ class Worker:
         self.app = app
         self.concurrency = app.worker_settings.concurrency if concurrency is None else concurrency
         self.runner = app.runner()
+        self._recorder = Recorder(self.runner)
         self._running: dict[int, Future[None]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()  # a job finished, or stop() was called
@@ -113,6 +115,7 @@ class Worker:
                 self._loop(pool)
         finally:
             left = self._drain()
+            self._recorder.close()
             self._beat_stop.set()
             beat.join()
             pool.shutdown(wait=not left, cancel_futures=True)
@@ -195,21 +198,30 @@ class Worker:
     def _run_job(self, job: Job) -> None:
         began = time.monotonic()
         try:
-            result = self.runner.run(job)  # recording retries a lost connection itself
-            took = time.monotonic() - began
-            _log(logging.INFO, "job_done", f"job {job.id} ({job.handler}) {result} in {took:.2f}s")
+            outcome = self.runner.execute(job)
         except Exception:
             log.exception(
-                "job %s (%s) could not be recorded; its lease will expire",
+                "job %s (%s) could not be run; its lease will expire",
                 job.id,
                 job.handler,
                 extra={"action": "job_crashed", "job_id": job.id},
             )
-        finally:
-            with self._lock:
-                self._handled += 1
-                self._running.pop(job.id, None)
-            self._wake.set()
+            self._release(job.id)
+            return
+
+        def done(result: str) -> None:
+            took = time.monotonic() - began
+            _log(logging.INFO, "job_done", f"job {job.id} ({job.handler}) {result} in {took:.2f}s")
+            self._release(job.id)
+
+        # The job stays in _running (leases renewed, slot taken) until its outcome is written.
+        self._recorder.submit(outcome, done)
+
+    def _release(self, job_id: int) -> None:
+        with self._lock:
+            self._handled += 1
+            self._running.pop(job_id, None)
+        self._wake.set()
 
     def _housekeeping(self) -> None:
         if purged := self.app.purge():

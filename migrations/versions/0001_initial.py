@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from scheduler._tables import Id, UTCDateTime
+from scheduler._tables import Id, Payload, UniqueKey, UTCDateTime
 
 revision = "0001"
 down_revision = None
@@ -23,7 +23,7 @@ def upgrade() -> None:
         "scheduler_jobs",
         sa.Column("id", Id, primary_key=True, autoincrement=True),
         sa.Column("handler", sa.String(200), nullable=False),
-        sa.Column("payload", sa.Text, nullable=False),
+        sa.Column("payload", Payload, nullable=False),
         sa.Column("queue", sa.String(100), nullable=False),
         sa.Column("priority", sa.Integer, nullable=False),
         sa.Column("run_at", UTCDateTime, nullable=False),
@@ -34,12 +34,14 @@ def upgrade() -> None:
         sa.Column("lease_expires_at", UTCDateTime),
         sa.Column("started_at", UTCDateTime),
         sa.Column("last_error_code", sa.String(200)),
-        sa.Column("dedupe_key", sa.String(200), unique=True),
+        sa.Column("dedupe_key", UniqueKey, unique=True),
         sa.Column("task_name", sa.String(200)),
         sa.Column("created_at", UTCDateTime, nullable=False),
         sa.Column("finished_at", UTCDateTime),
     )
-    op.create_index("ix_scheduler_jobs_ready", "scheduler_jobs", ["state", "run_at"])
+    op.create_index(
+        "ix_scheduler_jobs_ready", "scheduler_jobs", ["state", "queue", "priority", "run_at", "id"]
+    )
     op.create_index("ix_scheduler_jobs_lease", "scheduler_jobs", ["state", "lease_expires_at"])
     op.create_index("ix_scheduler_jobs_finished", "scheduler_jobs", ["state", "finished_at"])
 
@@ -59,9 +61,9 @@ def upgrade() -> None:
     op.create_table(
         "scheduler_rows",
         sa.Column("id", Id, primary_key=True, autoincrement=True),
-        sa.Column("name", sa.String(200), nullable=False, unique=True),
+        sa.Column("name", UniqueKey, nullable=False, unique=True),
         sa.Column("handler", sa.String(200), nullable=False),
-        sa.Column("payload", sa.Text, nullable=False),
+        sa.Column("payload", Payload, nullable=False),
         sa.Column("cron", sa.String(200), nullable=False),
         sa.Column("timezone", sa.String(64), nullable=False),
         sa.Column("concurrent", sa.Boolean, nullable=False),

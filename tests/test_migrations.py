@@ -1,0 +1,225 @@
+"""The shipped Alembic migrations: they build exactly the code's MetaData, keep to their own
+version table, go down and up again, and ship inside the wheel (SPEC §5 ``migrate``).
+
+Each test gets an empty namespace of its own (a SQLite file, a PostgreSQL schema, a MariaDB
+database), because downgrading must not pull the tables from under the rest of the suite.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from conftest import MYSQL_SERVER, MYSQL_URL, PG_SERVER, PG_URL, require_server
+from sqlalchemy import Engine, create_engine, inspect, text
+
+from scheduler import Scheduler, SchemaOutdated
+from scheduler._handlers import Registry
+from scheduler._migrate import VERSION_TABLE, current_revision, downgrade, head_revision
+from scheduler._tables import metadata
+
+ROOT = Path(__file__).resolve().parent.parent
+OURS = {t.name for t in metadata.sorted_tables}
+_names = itertools.count()
+
+
+def _admin(server: str, ddl: str) -> None:
+    engine = create_engine(server, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(ddl))
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
+def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database with no tables at all, on each engine."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'fresh.db'}"
+        return
+    name = f"sched_mig_{os.getpid()}_{next(_names)}"
+    if request.param == "postgresql":
+        require_server(PG_URL, "PostgreSQL")
+        _admin(PG_SERVER, f"CREATE SCHEMA {name}")
+        try:
+            yield f"{PG_SERVER}?options=-csearch_path%3D{name}"
+        finally:
+            _admin(PG_SERVER, f"DROP SCHEMA IF EXISTS {name} CASCADE")
+    else:
+        require_server(MYSQL_URL, "MariaDB")
+        _admin(MYSQL_SERVER, f"CREATE DATABASE {name}")
+        try:
+            yield MYSQL_SERVER.rsplit("/", 1)[0] + f"/{name}"
+        finally:
+            _admin(MYSQL_SERVER, f"DROP DATABASE IF EXISTS {name}")
+
+
+@pytest.fixture
+def app(empty_url: str) -> Iterator[Scheduler]:
+    scheduler = Scheduler(empty_url, registry=Registry())
+    yield scheduler
+    scheduler.close()
+
+
+def tables(engine: Engine) -> set[str]:
+    return set(inspect(engine).get_table_names())
+
+
+def schema_diff(engine: Engine) -> list[Any]:
+    """What autogenerate would change to make the database match the MetaData."""
+    with engine.connect() as conn:
+        context = MigrationContext.configure(
+            conn,
+            opts={
+                "compare_type": True,
+                "version_table": VERSION_TABLE,
+                # The host application's own tables are none of our business.
+                "include_name": lambda name, kind, parent: (
+                    kind != "table" or name.startswith("scheduler_")
+                ),
+            },
+        )
+        return list(compare_metadata(context, metadata))
+
+
+def host_versions(engine: Engine) -> list[str]:
+    with engine.connect() as conn:
+        return list(conn.execute(text("SELECT version_num FROM alembic_version")).scalars())
+
+
+def test_migrated_schema_equals_the_metadata(app: Scheduler):
+    engine = app.store.engine
+    assert tables(engine) == set()
+    app.migrate()
+    assert tables(engine) == OURS | {VERSION_TABLE}
+    assert schema_diff(engine) == []
+    assert current_revision(app.store) == head_revision()
+    app.migrate()  # idempotent
+    assert schema_diff(engine) == []
+
+
+def test_schema_diff_sees_a_difference(app: Scheduler):
+    """The comparison is not blind: a missing index shows up."""
+    app.migrate()
+    with app.store.begin() as conn:
+        conn.execute(
+            text("DROP INDEX ix_scheduler_runs_job ON scheduler_runs")
+            if app.store.caps.dialect == "mysql"
+            else text("DROP INDEX ix_scheduler_runs_job")
+        )
+    diff = schema_diff(app.store.engine)
+    assert [d[0] for d in diff] == ["add_index"]
+    assert diff[0][1].name == "ix_scheduler_runs_job"
+
+
+def test_host_alembic_version_is_untouched(app: Scheduler):
+    engine = app.store.engine
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
+        conn.execute(text("INSERT INTO alembic_version VALUES ('host_0042')"))
+    app.migrate()
+    assert host_versions(engine) == ["host_0042"]
+    downgrade(app.store, "base")
+    assert host_versions(engine) == ["host_0042"]
+    app.migrate()
+    assert host_versions(engine) == ["host_0042"]
+    with engine.connect() as conn:
+        ours = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
+    assert ours == [head_revision()]
+
+
+def test_downgrade_to_base_and_upgrade_again(app: Scheduler):
+    engine = app.store.engine
+    app.migrate()
+    app.enqueue("h", {"n": 1})
+    downgrade(app.store, "base")
+    assert tables(engine) == {VERSION_TABLE}
+    assert current_revision(app.store) is None
+    app.migrate()
+    assert schema_diff(engine) == []
+    fresh = Scheduler(engine=engine, registry=Registry())
+    job = fresh.get_job(fresh.enqueue("h", {"n": 2}))
+    assert job is not None and job.payload == {"n": 2}
+
+
+def test_outdated_schema_refuses_to_run_and_says_migrate(empty_url: str):
+    never = Scheduler(empty_url, registry=Registry())
+    for call in (never.tick, never.work):
+        with pytest.raises(SchemaOutdated, match="scheduler migrate"):
+            call()
+    never.migrate()
+    assert never.tick().dispatched == []
+    assert never.work() == 0
+    downgrade(never.store, "base")
+    never.close()
+
+    stale = Scheduler(empty_url, registry=Registry())
+    for call in (stale.tick, stale.work):
+        with pytest.raises(SchemaOutdated, match="scheduler migrate") as info:
+            call()
+        assert head_revision() in str(info.value)
+    stale.close()
+
+
+# -- the wheel ---------------------------------------------------------------------------------
+def run(cmd: list[str], cwd: Path, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(kwargs.pop("env", {}))
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{cmd} failed:\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+@pytest.mark.slow
+def test_wheel_installs_and_migrates_outside_the_checkout(tmp_path: Path):
+    dist = tmp_path / "dist"
+    build = [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist)]
+    if importlib.util.find_spec("hatchling") is not None:
+        build.append("--no-isolation")  # the build backend is here already: no download
+    run([*build, str(ROOT)], cwd=tmp_path)
+    [wheel] = dist.glob("scheduler-*.whl")
+
+    venv = tmp_path / "venv"
+    run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], cwd=tmp_path)
+    python, pip = venv / "bin" / "python", [str(venv / "bin" / "python"), "-m", "pip"]
+    run([*pip, "install", "--quiet", "--disable-pip-version-check", str(wheel)], cwd=tmp_path)
+
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    located = run([str(python), "-c", "import scheduler; print(scheduler.__file__)"], cwd=work)
+    assert located.stdout.strip().startswith(str(venv)), located.stdout
+    assert not located.stdout.strip().startswith(str(ROOT))
+
+    (work / "app.toml").write_text('[database]\nurl = "sqlite:///fresh.db"\n')
+    cli = venv / "bin" / "scheduler"
+    migrated = run([str(cli), "--config", "app.toml", "migrate"], cwd=work)
+    assert head_revision() in migrated.stdout
+    with sqlite3.connect(work / "fresh.db") as conn:
+        found = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        [(version,)] = conn.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchall()
+    conn.close()
+    assert found == OURS | {VERSION_TABLE}
+    assert version == head_revision()
+
+    # The installed package runs a job on the schema its own migrations made.
+    script = (
+        "from scheduler import Scheduler\n"
+        "app = Scheduler('sqlite:///fresh.db')\n"
+        "@app.handler('hello')\n"
+        "def hello(job): print('ran', job.payload['who'])\n"
+        "app.enqueue('hello', {'who': 'wheel'})\n"
+        "print('handled', app.work())\n"
+    )
+    ran = run([str(python), "-c", script], cwd=work)
+    assert ran.stdout.split() == ["ran", "wheel", "handled", "1"]
