@@ -55,10 +55,23 @@ def downgrade(store: Store, revision: str) -> None:
         command.downgrade(_config(conn), revision)
 
 
+def _known(revision: str) -> bool:
+    try:
+        return ScriptDirectory.from_config(_config()).get_revision(revision) is not None
+    except Exception:  # alembic raises its own errors for unknown revisions
+        return False
+
+
 def check_schema(store: Store) -> None:
     """Raise :class:`SchemaOutdated` unless the database is at the head revision."""
     current = current_revision(store)
     head = head_revision()
+    if current is not None and current != head and not _known(current):
+        raise SchemaOutdated(
+            f"database schema is at revision {current}, newer than this version of scheduler"
+            f" knows (its newest is {head}): upgrade the scheduler package, or migrate the"
+            " database back with the newer version"
+        )
     if current != head:
         raise SchemaOutdated(
             f"database schema is at revision {current or 'none'}, this version needs {head}:"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Connection, insert, select, update
 
 from . import _cron
-from ._errors import SchedulerError, UnknownRow
+from ._errors import ConfigError, SchedulerError, UnknownRow
 from ._payload import decode_payload, encode_payload
 from ._tables import jobs, rows
 
@@ -93,6 +93,8 @@ def enable(conn: Connection, name: str, now: datetime) -> None:
     row = get_row(conn, name)
     if row is None:
         raise UnknownRow(f"no scheduler row named {name!r} (run `scheduler sync`?)")
+    if row.enabled:
+        return  # already enabled: keep its count and its (perhaps held-back) slot
     _write(
         conn,
         name,
@@ -149,6 +151,20 @@ def _definition(task: Any, payload_limit: int) -> dict[str, Any]:
     }
 
 
+def check_task(task: Any, payload_limit: int) -> None:
+    """Validate a task built in Python the way the TOML loader validates the file's."""
+    checks: list[tuple[str, Callable[[], object]]] = [
+        ("cron", lambda: _cron.validate_cron(task.cron, task.name)),
+        ("timezone", lambda: _cron.validate_timezone(task.timezone)),
+        ("payload", lambda: encode_payload(task.payload, payload_limit)),
+    ]
+    for key, check in checks:
+        try:
+            check()
+        except ValueError as exc:
+            raise ConfigError(f"task {task.name!r}: key {key!r}: {exc}") from None
+
+
 def sync(
     conn: Connection,
     tasks: Iterable[Any],
@@ -158,6 +174,9 @@ def sync(
     dry_run: bool = False,
 ) -> SyncPlan:
     """Make the rows match ``tasks`` (validated ``TaskSpec`` objects) in one transaction."""
+    tasks = list(tasks)
+    for task in tasks:
+        check_task(task, payload_limit)
     plan = SyncPlan()
     existing = {r.name: r for r in conn.execute(select(rows))}
     wanted: set[str] = set()

@@ -223,3 +223,18 @@ def test_wheel_installs_and_migrates_outside_the_checkout(tmp_path: Path):
     )
     ran = run([str(python), "-c", script], cwd=work)
     assert ran.stdout.split() == ["ran", "wheel", "handled", "1"]
+
+
+def test_a_schema_newer_than_the_code_says_so(db_url: str) -> None:
+    app = Scheduler(db_url, registry=Registry())
+    try:
+        with app.store.begin() as conn:
+            conn.execute(text(f"UPDATE {VERSION_TABLE} SET version_num = 'ffff_future'"))
+        with pytest.raises(SchemaOutdated, match="newer than this version of scheduler"):
+            app.tick()
+    finally:
+        with app.store.begin() as conn:
+            conn.execute(
+                text(f"UPDATE {VERSION_TABLE} SET version_num = :head"), {"head": head_revision()}
+            )
+        app.close()

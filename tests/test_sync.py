@@ -17,7 +17,6 @@ from sqlalchemy import select
 
 from scheduler import (
     ConfigError,
-    PayloadError,
     PermanentError,
     Scheduler,
     TaskSpec,
@@ -325,8 +324,8 @@ def test_an_invalid_file_names_file_task_key_and_changes_nothing(
     assert snapshot(sched) == before
 
 
-def test_a_sync_that_fails_midway_is_rolled_back(sched: Scheduler) -> None:
-    """The database side of "changes nothing": tasks checked only as the sync writes them."""
+def test_a_bad_task_built_in_python_changes_nothing(sched: Scheduler) -> None:
+    """Tasks built in Python are checked like the file's: the error names task and key."""
     good = TaskSpec("a", "*/10 * * * *", "ok", {}, "UTC")
     sched.sync([good, TaskSpec("b", "*/10 * * * *", "ok", {}, "UTC")])
     before = snapshot(sched)
@@ -335,8 +334,15 @@ def test_a_sync_that_fails_midway_is_rolled_back(sched: Scheduler) -> None:
         TaskSpec("new", "*/10 * * * *", "ok", {}, "UTC"),  # an insert
         TaskSpec("z", "*/10 * * * *", "ok", {"password": "x"}, "UTC"),  # refused last
     ]
-    with pytest.raises(PayloadError, match="password"):
+    with pytest.raises(ConfigError, match=r"task 'z': key 'payload': .*'password'"):
         sched.sync(tasks)
+    assert snapshot(sched) == before
+    bad_cron = [tasks[0], TaskSpec("c", "61 * * * *", "ok", {}, "UTC")]
+    with pytest.raises(ConfigError, match=r"task 'c': key 'cron': invalid cron"):
+        sched.sync(bad_cron)
+    bad_zone = [tasks[0], TaskSpec("t", "* * * * *", "ok", {}, "Mars/Base")]
+    with pytest.raises(ConfigError, match=r"task 't': key 'timezone': unknown timezone"):
+        sched.sync(bad_zone)
     assert snapshot(sched) == before
 
 

@@ -428,6 +428,16 @@ def test_enable_resets_count_and_rearms_from_now(sched: Scheduler) -> None:
         sched.enable("missing")
 
 
+def test_enable_on_an_enabled_row_changes_nothing(sched: Scheduler) -> None:
+    sched.sync([spec("r", "boom", max_consecutive_failures=5)])
+    drive(sched, slot(1), slot(2))  # dispatched, aborted, rerun: one failure counted
+    before = row(sched, "r")
+    assert before.enabled and before.consecutive_failures == 1
+    at(sched, slot(2) + timedelta(minutes=3))
+    sched.enable("r")
+    assert row(sched, "r") == before  # same count, same slot, same version
+
+
 def test_disable_then_tick_does_nothing(sched: Scheduler) -> None:
     sched.sync([spec("r")])
     at(sched, slot(0) + timedelta(minutes=1))
