@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, select, update
 
 from . import signals
-from ._tables import jobs, rows
+from ._tables import jobs, rows, runs
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +28,19 @@ class Alert:
     job_id: int | None
     disabled_at: datetime | None
     alert_id: str
+
+
+def cause(conn: Connection, job_id: int | None, code: str | None) -> str | None:
+    """The error code to report: for an abandoned job, the error that made it so."""
+    if code != "abandoned" or job_id is None:
+        return code
+    found = conn.execute(
+        select(runs.c.error_code)
+        .where(runs.c.job_id == job_id, runs.c.error_code.is_not(None))
+        .order_by(runs.c.id.desc())
+        .limit(1)
+    ).scalar()
+    return found or code
 
 
 def deliver(conn: Connection, alert: Alert) -> None:
@@ -71,7 +84,7 @@ def pending(conn: Connection, *, now: datetime, older_than: timedelta) -> list[A
             r.id,
             r.name,
             r.consecutive_failures,
-            r.last_error_code,
+            cause(conn, r.last_job_id, r.last_error_code),
             r.last_job_id,
             r.disabled_at,
             r.alert_id,

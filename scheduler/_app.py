@@ -113,8 +113,12 @@ class Scheduler:
 
     # -- schema -------------------------------------------------------------------------
     def migrate(self, revision: str = "head") -> None:
-        """Create or upgrade the schema (our own Alembic version table)."""
-        _migrate.upgrade(self.store, revision)
+        """Create or upgrade the schema (our own Alembic version table).
+
+        An older ``revision`` (or ``"base"``) downgrades: that drops what later revisions
+        added, data included. Take a backup first.
+        """
+        _migrate.migrate_to(self.store, revision)
         self._schema_ok = False
 
     def check_schema(self) -> None:

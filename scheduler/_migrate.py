@@ -50,6 +50,21 @@ def upgrade(store: Store, revision: str = "head") -> None:
         command.upgrade(_config(conn), revision)
 
 
+def migrate_to(store: Store, revision: str = "head") -> None:
+    """Upgrade to ``revision``, or downgrade when it is older than the current one."""
+    current = current_revision(store)
+    script = ScriptDirectory.from_config(_config())
+    older = revision == "base" or (
+        current is not None
+        and revision != current
+        and any(r.revision == revision for r in script.walk_revisions("base", current))
+    )
+    if older:
+        downgrade(store, revision)
+    else:
+        upgrade(store, revision)
+
+
 def downgrade(store: Store, revision: str) -> None:
     with store.begin() as conn:
         command.downgrade(_config(conn), revision)

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, or_, select, true, update
 
 from . import _cron, _jobs, signals
-from ._alerts import Alert, deliver
+from ._alerts import Alert, cause, deliver
 from ._jobs import ABORTED, CLAIMED, QUEUED, SUCCEEDED
 from ._store import Store
 from ._tables import jobs, rows
@@ -180,14 +180,15 @@ def _decide(
                 consecutive_failures=failures,
                 alert_id=alert_id,
             )
+            code = cause(conn, row.last_job_id, row.job_error)
             log.warning(
                 "row %s disabled after %s consecutive failures (last error %s)",
                 row.name,
                 failures,
-                row.job_error,
-                extra={"action": "row_disabled", "row": row.name, "code": row.job_error},
+                code,
+                extra={"action": "row_disabled", "row": row.name, "code": code},
             )
-            alert = Alert(row.id, row.name, failures, row.job_error, row.last_job_id, now, alert_id)
+            alert = Alert(row.id, row.name, failures, code, row.last_job_id, now, alert_id)
             return DISABLED, lambda: deliver(conn, alert)
         max_attempts, queue = job_defaults(row.handler)
         _swap(

@@ -47,7 +47,7 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
+        except (click.exceptions.Exit, click.ClickException, click.Abort, BrokenPipeError):
             raise
         except Exception as exc:
             if ctx.params.get("debug"):
@@ -124,12 +124,21 @@ def cli(ctx: click.Context, config: str | None, debug: bool, log_level: str) -> 
 
 
 @cli.command()
+@click.option(
+    "--revision",
+    default="head",
+    show_default=True,
+    help="Target revision; an older one (or 'base') downgrades, dropping what later"
+    " revisions added. Back up first.",
+)
 @pass_state
-def migrate(state: State) -> None:
-    """Create or upgrade the database schema."""
+def migrate(state: State, revision: str) -> None:
+    """Create or upgrade the database schema (or move it to --revision)."""
     app = state.open(check_schema=False)
-    app.migrate()
-    click.echo(f"schema at revision {_migrate.current_revision(app.store)} (head)")
+    app.migrate(revision)
+    current = _migrate.current_revision(app.store)
+    suffix = " (head)" if current == _migrate.head_revision() else ""
+    click.echo(f"schema at revision {current or 'base'}{suffix}")
 
 
 def _lines(names: dict[str, list[str]]) -> None:
@@ -273,6 +282,7 @@ _row_command("trigger", Scheduler.trigger, TRIGGERED, "Make row NAME due now (sa
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``scheduler`` command."""
+    # A closed stdout (`scheduler status | head`) is left to click: exit 1, nothing printed.
     cli.main(args=argv, prog_name="scheduler")
 
 

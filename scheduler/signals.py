@@ -23,7 +23,8 @@ _signals = Namespace()
 row_disabled: NamedSignal = _signals.signal(
     "row-disabled",
     doc="A row reached its failure limit and was disabled. kw: row, consecutive_failures,"
-    " last_error_code, job_id, disabled_at, alert_id (stable: drop repeats by it).",
+    " last_error_code (for an abandoned job: the error behind it, from the run history),"
+    " job_id, disabled_at, alert_id (stable: drop repeats by it).",
 )
 job_dispatched: NamedSignal = _signals.signal(
     "job-dispatched", doc="The tick created a fresh job for a row. kw: row, job_id, slot."

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -217,6 +218,32 @@ def test_outdated_schema_is_refused_until_migrate(tmp_path: Path) -> None:
     assert sqlite_tables(db) == set()  # nothing was created
     ok(run_cli(tmp_path, "migrate"))
     ok(run_cli(tmp_path, "sync"))
+
+
+def test_migrate_to_base_and_back(tmp_path: Path) -> None:
+    db = tmp_path / "roll.db"
+    write_config(tmp_path, f"sqlite:///{db}", tasks=TASK)
+    assert "revision 0001 (head)" in ok(run_cli(tmp_path, "migrate"))
+    assert "scheduler_jobs" in sqlite_tables(db)
+    assert "revision base" in ok(run_cli(tmp_path, "migrate", "--revision", "base"))
+    assert sqlite_tables(db) == {"scheduler_alembic_version"}
+    assert "run `scheduler migrate`" in one_error_line(run_cli(tmp_path, "sync"))
+    assert "revision 0001 (head)" in ok(run_cli(tmp_path, "migrate"))
+    ok(run_cli(tmp_path, "sync"))
+
+
+def test_status_into_a_closed_pipe_is_quiet(tmp_path: Path, sqlite_template: Path) -> None:
+    db = tmp_path / "pipe.db"
+    shutil.copy(sqlite_template, db)
+    write_config(tmp_path, f"sqlite:///{db}", tasks=TASK)
+    proc = subprocess.Popen(
+        [*COMMAND, "status"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader went away before the first line
+    proc.wait(60)  # click's convention for a closed pipe is status 1, with nothing printed
+    assert proc.stderr.read() == b""
+    proc.stderr.close()
 
 
 BAD_TASK = TASK + '[[tasks]]\nname = "broken"\ncron = "61 * * * *"\nhandler = "t.ok"\n'

@@ -367,6 +367,20 @@ def test_disable_at_limit_commits_then_signals_once(
     assert len(sched.history(stored.last_job_id)) == 3
 
 
+def test_the_alert_names_the_error_behind_an_abandoned_job(sched: Scheduler) -> None:
+    @sched.handler("unsafe")  # not retry-safe: a raise abandons the job
+    def unsafe(job: Any) -> None:
+        raise KeyError("gone")
+
+    sched.sync([spec("u", "unsafe", max_consecutive_failures=2)])
+    with capture_signals(signals.row_disabled) as records:
+        drive(sched, slot(1), slot(3))
+    assert [r.sender for r in records] == ["u"]
+    assert records[0].kwargs["last_error_code"] == "KeyError"
+    job = sched.get_job(row(sched, "u").last_job_id)
+    assert job is not None and job.last_error_code == "abandoned"  # the job keeps SPEC's code
+
+
 def test_limits_per_row_override_global_and_zero_is_unlimited(sched: Scheduler) -> None:
     settings(sched, max_consecutive_failures=3)
     sched.sync(
