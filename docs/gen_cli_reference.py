@@ -36,6 +36,13 @@ INTRO = """\
   **before** the command name: `scheduler --config app.toml status`.
 - Logs go to stderr. An error is one line on stderr starting with `error:`, and the exit
   status is 1 (2 for a usage error, such as an unknown option). `--debug` adds the traceback.
+- When the reader of the output goes away early, as in `scheduler status | head`, the command
+  stops quietly: nothing on stderr, exit status 1.
+- `enable` on a row that is already enabled changes nothing (the row keeps its failure count
+  and its next run), though it prints the same message as on a disabled row.
+- `migrate --revision REV` downgrades when `REV` is older than the current revision or is
+  `base`, dropping what the later revisions added, data included. With `0001` the only
+  revision so far, `--revision base` drops every scheduler table. Back up first.
 - Every command except `migrate` refuses to run on a database whose schema is not at the
   revision this release needs. The message says what to do: run `scheduler migrate` (an
   older schema), or upgrade the package (a newer one). See

@@ -152,9 +152,10 @@ class Scheduler:
             job_defaults=self._job_defaults,
         )
 
-    def enable(self, name: str) -> None:
+    def enable(self, name: str) -> bool:
+        """Re-enable a disabled row (count reset, re-armed from now); False if it was enabled."""
         with self.store.begin() as conn:
-            _rows.enable(conn, name, self.clock())
+            return _rows.enable(conn, name, self.clock())
 
     def disable(self, name: str) -> None:
         with self.store.begin() as conn:

@@ -88,13 +88,13 @@ def _write(conn: Connection, name: str, now: datetime, **values: Any) -> None:
         raise UnknownRow(f"no scheduler row named {name!r} (run `scheduler sync`?)")
 
 
-def enable(conn: Connection, name: str, now: datetime) -> None:
+def enable(conn: Connection, name: str, now: datetime) -> bool:
     """Re-enable: reset the failure count and re-arm from now."""
     row = get_row(conn, name)
     if row is None:
         raise UnknownRow(f"no scheduler row named {name!r} (run `scheduler sync`?)")
     if row.enabled:
-        return  # already enabled: keep its count and its (perhaps held-back) slot
+        return False  # already enabled: keep its count and its (perhaps held-back) slot
     _write(
         conn,
         name,
@@ -105,6 +105,7 @@ def enable(conn: Connection, name: str, now: datetime) -> None:
         consecutive_failures=0,
         next_run_at=_cron.next_after(row.cron, row.timezone, now, row.name),
     )
+    return True
 
 
 def disable(conn: Connection, name: str, now: datetime, reason: str = REASON_MANUAL) -> None:

@@ -242,8 +242,10 @@ class Worker:
                 self._log_error("extending leases", exc, 1.0)
                 wait = 1.0
                 continue
-            if held < len(ids):
-                lost = f"{len(ids) - held} of {len(ids)} running job(s) lost their lease"
+            with self._lock:  # jobs recorded meanwhile are no longer claimed: not lost
+                still = sum(1 for job_id in ids if job_id in self._running)
+            if held < still:
+                lost = f"{still - held} of {still} running job(s) lost their lease"
                 _log(logging.WARNING, "leases_lost", lost)
 
     def _drain(self) -> int:

@@ -264,16 +264,19 @@ def _print_status(data: dict[str, Any]) -> None:
         click.echo(f"warning: {warning}")
 
 
-def _row_command(name: str, action: Callable[[Scheduler, str], None], done: str, doc: str) -> None:
+def _row_command(
+    name: str, action: Callable[[Scheduler, str], object], done: str, doc: str
+) -> None:
     @cli.command(name=name, help=doc)
     @click.argument("row", metavar="NAME")
     @pass_state
     def command(state: State, row: str) -> None:
-        action(state.open(), row)
-        click.echo(done.format(row=repr(row)))
+        changed = action(state.open(), row)
+        click.echo((ALREADY if changed is False else done).format(row=repr(row)))
 
 
 ENABLED = "enabled {row}: failures reset, next run computed from now"
+ALREADY = "{row} was already enabled: nothing changed"
 TRIGGERED = "triggered {row}: due now; the next tick dispatches it (same gates)"
 _row_command("enable", Scheduler.enable, ENABLED, "Re-enable row NAME, reset its failures.")
 _row_command("disable", Scheduler.disable, "disabled {row}", "Pause row NAME (until enable).")

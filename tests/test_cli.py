@@ -194,6 +194,7 @@ def test_enable_disable_and_the_status_table(tmp_path: Path, sqlite_template: Pa
     assert table[1].split() == ["nightly", "no", "-", "-", "-", "0", "manual"]
     assert "jobs: queued 0, claimed 0, succeeded 0, aborted 0" in table
     assert "enabled 'nightly'" in ok(run_cli(tmp_path, "enable", "nightly"))
+    assert "was already enabled" in ok(run_cli(tmp_path, "enable", "nightly"))
     row = ok(run_cli(tmp_path, "status")).splitlines()[1].split()
     assert row[:2] == ["nightly", "yes"] and row[3:5] == ["03:00:00", "Europe/Berlin"]
     assert row[6:] == ["02:00:00Z", "-", "0"]  # 03:00 CET on 1 January

@@ -428,7 +428,7 @@ def test_enable_resets_count_and_rearms_from_now(sched: Scheduler) -> None:
     job_id = row(sched, "r").last_job_id
 
     at(sched, slot(10) + timedelta(minutes=3))
-    sched.enable("r")
+    assert sched.enable("r") is True
     stored = row(sched, "r")
     assert (stored.enabled, stored.disabled_reason, stored.disabled_at) == (True, None, None)
     assert stored.consecutive_failures == 0
@@ -448,7 +448,7 @@ def test_enable_on_an_enabled_row_changes_nothing(sched: Scheduler) -> None:
     before = row(sched, "r")
     assert before.enabled and before.consecutive_failures == 1
     at(sched, slot(2) + timedelta(minutes=3))
-    sched.enable("r")
+    assert sched.enable("r") is False
     assert row(sched, "r") == before  # same count, same slot, same version
 
 
