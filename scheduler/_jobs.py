@@ -8,13 +8,26 @@ lease owner and an unexpired lease (a takeover requires the *old* owner and expi
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Row, and_, delete, func, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Integer,
+    Row,
+    and_,
+    bindparam,
+    delete,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import BindParameter
 
 from ._payload import decode_payload
 from ._store import Store
@@ -95,8 +108,50 @@ def new_job_values(
     }
 
 
+# The hot statements are built once with bound parameters: building a statement costs more
+# than running it on SQLite. Parameters are named p_* where a SET clause names the column.
+_P = bindparam
+_INSERT_JOB = insert(jobs)
+_INSERT_RUNS = insert(runs)
+_BY_ID = select(jobs).where(jobs.c.id == _P("p_id"))
+_BY_KEY = select(jobs.c.id).where(jobs.c.dedupe_key == _P("p_key"))
+# The guard of every transition after a claim: same owner, unexpired lease.
+_HELD = and_(
+    jobs.c.state == CLAIMED,
+    jobs.c.lease_owner == _P("p_owner"),
+    jobs.c.lease_expires_at > _P("p_now"),
+)
+_IDS: BindParameter[Any] = _P("p_ids", expanding=True)
+_EXTEND = update(jobs).where(jobs.c.id.in_(_IDS), _HELD).values(lease_expires_at=_P("p_until"))
+_RELEASE = {"lease_owner": None, "lease_expires_at": None}
+_SUCCEED_MANY = (
+    update(jobs)
+    .where(jobs.c.id.in_(_IDS), _HELD)
+    .values(
+        state=SUCCEEDED, finished_at=_P("p_now"), dedupe_key=None, last_error_code=None, **_RELEASE
+    )
+    .returning(jobs.c.id)
+)
+_END_ONE = (
+    update(jobs)
+    .where(jobs.c.id == _P("p_id"), _HELD)
+    .values(
+        state=_P("p_state"),
+        finished_at=_P("p_now"),
+        dedupe_key=None,
+        last_error_code=_P("p_code"),
+        **_RELEASE,
+    )
+)
+_RETRY_ONE = (
+    update(jobs)
+    .where(jobs.c.id == _P("p_id"), _HELD)
+    .values(state=QUEUED, run_at=_P("p_retry_at"), last_error_code=_P("p_code"), **_RELEASE)
+)
+
+
 def insert_job(conn: Connection, values: dict[str, Any]) -> int:
-    result = conn.execute(insert(jobs).values(**values))
+    result = conn.execute(_INSERT_JOB, values)
     key = result.inserted_primary_key
     assert key is not None
     return int(key[0])
@@ -109,9 +164,7 @@ def enqueue(store: Store, values: dict[str, Any]) -> int:
         try:
             with store.begin() as conn:
                 if key is not None:
-                    existing = conn.execute(
-                        select(jobs.c.id).where(jobs.c.dedupe_key == key)
-                    ).scalar()
+                    existing = conn.execute(_BY_KEY, {"p_key": key}).scalar()
                     if existing is not None:
                         return int(existing)
                 return insert_job(conn, values)
@@ -123,13 +176,51 @@ def enqueue(store: Store, values: dict[str, Any]) -> int:
 
 
 def get_job(conn: Connection, job_id: int) -> Job | None:
-    row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
+    row = conn.execute(_BY_ID, {"p_id": job_id}).first()
     return Job.from_row(row) if row is not None else None
 
 
-def _held(owner: str, now: datetime) -> Any:
-    """The guard of every transition after a claim: same owner, unexpired lease."""
-    return and_(jobs.c.state == CLAIMED, jobs.c.lease_owner == owner, jobs.c.lease_expires_at > now)
+@functools.lru_cache(maxsize=8)
+def _claim_statements(skip_locked: bool, returning: bool) -> tuple[Any, ...]:
+    """The claim for one engine's capabilities: (statement) or (select, update, reselect)."""
+    ready = (
+        select(jobs.c.id)
+        .where(
+            jobs.c.state == QUEUED,
+            jobs.c.run_at <= _P("p_now"),
+            jobs.c.queue.in_(_P("p_queues", expanding=True)),
+        )
+        .order_by(jobs.c.priority, jobs.c.run_at, jobs.c.id)
+        .limit(_P("p_limit", type_=Integer))
+    )
+    if skip_locked:
+        ready = ready.with_for_update(skip_locked=True)
+    claim_values = {
+        "state": CLAIMED,
+        "lease_owner": _P("p_owner"),
+        "lease_expires_at": _P("p_until"),
+        "started_at": _P("p_now"),
+        "attempts": jobs.c.attempts + 1,
+    }
+    if returning:
+        # Materialized, the locking SELECT runs once. As a plain IN-subquery PostgreSQL may plan
+        # a nested-loop semi-join that reruns it per outer row, each run skipping the rows this
+        # statement already locked: claim(limit=1) then claimed every ready job.
+        picked = ready.cte("ready").prefix_with("MATERIALIZED")
+        return (
+            update(jobs)
+            .where(jobs.c.id.in_(select(picked.c.id)), jobs.c.state == QUEUED)
+            .values(**claim_values)
+            .returning(*jobs.c),
+        )
+    # Portable path (MariaDB/MySQL: no UPDATE ... RETURNING, no LIMIT in IN-subqueries).
+    take = update(jobs).where(jobs.c.id.in_(_IDS), jobs.c.state == QUEUED).values(**claim_values)
+    won = (
+        select(jobs)
+        .where(jobs.c.id.in_(_IDS), jobs.c.state == CLAIMED, jobs.c.lease_owner == _P("p_owner"))
+        .order_by(jobs.c.priority, jobs.c.run_at, jobs.c.id)
+    )
+    return ready, take, won
 
 
 def claim(
@@ -143,49 +234,24 @@ def claim(
     queues: Sequence[str] = ("default",),
 ) -> list[Job]:
     """Move up to ``limit`` ready jobs ``queued -> claimed`` for ``owner``."""
-    ready = (
-        select(jobs.c.id)
-        .where(jobs.c.state == QUEUED, jobs.c.run_at <= now, jobs.c.queue.in_(queues))
-        .order_by(jobs.c.priority, jobs.c.run_at, jobs.c.id)
-        .limit(limit)
-    )
-    if store.caps.skip_locked:
-        ready = ready.with_for_update(skip_locked=True)
-    claim_values = {
-        "state": CLAIMED,
-        "lease_owner": owner,
-        "lease_expires_at": now + lease,
-        "started_at": now,
-        "attempts": jobs.c.attempts + 1,
+    returning = store.caps.update_returning and store.caps.dialect != "mysql"
+    statements = _claim_statements(store.caps.skip_locked, returning)
+    params = {
+        "p_now": now,
+        "p_queues": list(queues),
+        "p_limit": limit,
+        "p_owner": owner,
+        "p_until": now + lease,
     }
-    if store.caps.update_returning and store.caps.dialect != "mysql":
-        # Materialized, the locking SELECT runs once. As a plain IN-subquery PostgreSQL may plan
-        # a nested-loop semi-join that reruns it per outer row, each run skipping the rows this
-        # statement already locked: claim(limit=1) then claimed every ready job.
-        picked = ready.cte("ready").prefix_with("MATERIALIZED")
-        stmt = (
-            update(jobs)
-            .where(jobs.c.id.in_(select(picked.c.id)), jobs.c.state == QUEUED)
-            .values(**claim_values)
-            .returning(*jobs.c)
-        )
-        return sorted(
-            (Job.from_row(r) for r in conn.execute(stmt)),
-            key=lambda j: (j.priority, j.run_at, j.id),
-        )
-    # Portable path (MariaDB/MySQL: no UPDATE ... RETURNING, no LIMIT in IN-subqueries).
-    ids = list(conn.execute(ready).scalars())
+    if returning:
+        found = (Job.from_row(r) for r in conn.execute(statements[0], params))
+        return sorted(found, key=lambda j: (j.priority, j.run_at, j.id))
+    ready, take, won = statements
+    ids = list(conn.execute(ready, params).scalars())
     if not ids:
         return []
-    conn.execute(
-        update(jobs).where(jobs.c.id.in_(ids), jobs.c.state == QUEUED).values(**claim_values)
-    )
-    won = conn.execute(
-        select(jobs)
-        .where(jobs.c.id.in_(ids), jobs.c.state == CLAIMED, jobs.c.lease_owner == owner)
-        .order_by(jobs.c.priority, jobs.c.run_at, jobs.c.id)
-    )
-    return [Job.from_row(r) for r in won]
+    conn.execute(take, {**params, "p_ids": ids})
+    return [Job.from_row(r) for r in conn.execute(won, {"p_owner": owner, "p_ids": ids})]
 
 
 def expired(
@@ -194,9 +260,7 @@ def expired(
     """Claimed jobs of ``queues`` whose lease has run out (their worker stopped or stalled)."""
     stmt = (
         select(jobs)
-        .where(
-            jobs.c.state == CLAIMED, jobs.c.lease_expires_at <= now, jobs.c.queue.in_(queues)
-        )
+        .where(jobs.c.state == CLAIMED, jobs.c.lease_expires_at <= now, jobs.c.queue.in_(queues))
         .order_by(jobs.c.lease_expires_at, jobs.c.id)
         .limit(limit)
     )
@@ -261,12 +325,8 @@ def heartbeat(
     ids = list(job_ids)
     if not ids:
         return 0
-    result = conn.execute(
-        update(jobs)
-        .where(jobs.c.id.in_(ids), _held(owner, now))
-        .values(lease_expires_at=now + lease)
-    )
-    return int(result.rowcount)
+    params = {"p_ids": ids, "p_owner": owner, "p_now": now, "p_until": now + lease}
+    return int(conn.execute(_EXTEND, params).rowcount)
 
 
 def _finished(state: str, now: datetime, code: str | None) -> dict[str, Any]:
@@ -313,17 +373,13 @@ def finish_many(
     it). Successes share one UPDATE where the engine can say which rows it changed.
     """
     done: dict[int, Job] = {}
+    guard: dict[str, Any] = {"p_owner": owner, "p_now": now}
     plain = [f for f in items if f.state == SUCCEEDED]
     if len(plain) > 1 and conn.dialect.update_returning:
-        values = _finished(SUCCEEDED, now, None)
-        ids = [f.job.id for f in plain]
-        stmt = (
-            update(jobs)
-            .where(jobs.c.id.in_(ids), _held(owner, now))
-            .values(**values)
-            .returning(jobs.c.id)
+        won = set(
+            conn.execute(_SUCCEED_MANY, {**guard, "p_ids": [f.job.id for f in plain]}).scalars()
         )
-        won = set(conn.execute(stmt).scalars())
+        values = _finished(SUCCEEDED, now, None)
         done.update(
             (f.job.id, dataclasses.replace(f.job, **values)) for f in plain if f.job.id in won
         )
@@ -331,12 +387,13 @@ def finish_many(
     else:
         rest = list(items)
     for f in rest:
-        values = f.values(now)
-        result = conn.execute(
-            update(jobs).where(jobs.c.id == f.job.id, _held(owner, now)).values(**values)
-        )
-        if result.rowcount == 1:
-            done[f.job.id] = dataclasses.replace(f.job, **values)
+        params: dict[str, Any] = {**guard, "p_id": f.job.id, "p_code": f.code}
+        if f.state == QUEUED:
+            params["p_retry_at"] = f.retry_at
+        else:
+            params["p_state"] = f.state
+        if conn.execute(_RETRY_ONE if f.state == QUEUED else _END_ONE, params).rowcount == 1:
+            done[f.job.id] = dataclasses.replace(f.job, **f.values(now))
     history = [
         _run_values(
             f.job,
@@ -350,7 +407,7 @@ def finish_many(
         if f.job.id in done
     ]
     if history:
-        conn.execute(insert(runs), history)
+        conn.execute(_INSERT_RUNS, history)
     return [done.get(f.job.id) for f in items]
 
 
@@ -376,7 +433,7 @@ def _run_values(
 
 def record_run(conn: Connection, job: Job, **kwargs: Any) -> None:
     """Append one attempt to the run history."""
-    conn.execute(insert(runs).values(**_run_values(job, **kwargs)))
+    conn.execute(_INSERT_RUNS, _run_values(job, **kwargs))
 
 
 def history(conn: Connection, job_id: int) -> list[dict[str, Any]]:
