@@ -8,6 +8,7 @@ a fresh job is dispatched. The outcome reported is tracked apart from commit/rol
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, or_, select, true, update
+from sqlalchemy import Connection, Integer, and_, bindparam, or_, select, true, update
 
 from . import _cron, _jobs, signals
 from ._alerts import Alert, cause, deliver
@@ -83,34 +84,68 @@ _due_columns = [
 ]
 
 
+# Built once with bound parameters (building costs more than running on SQLite).
+_P = bindparam
+_DUE = (
+    select(*_due_columns)
+    .select_from(rows.outerjoin(jobs, jobs.c.id == rows.c.last_job_id))
+    .where(rows.c.enabled == true(), rows.c.next_run_at <= _P("p_now"))
+    .order_by(rows.c.next_run_at, rows.c.id)
+    .limit(_P("p_limit", type_=Integer))
+)
+_DUE_AFTER = _DUE.where(  # the next batch: keyset pagination past the last row seen
+    or_(
+        rows.c.next_run_at > _P("p_after_at"),
+        and_(rows.c.next_run_at == _P("p_after_at"), rows.c.id > _P("p_after_id")),
+    )
+)
+_RESET_JOB = (
+    update(jobs)
+    .where(jobs.c.id == _P("p_id"), jobs.c.state == ABORTED)
+    .values(
+        state=QUEUED,
+        attempts=0,
+        max_attempts=_P("p_max_attempts"),
+        queue=_P("p_queue"),
+        handler=_P("p_handler"),
+        payload=_P("p_payload"),
+        run_at=_P("p_now"),
+        last_error_code=None,
+        lease_owner=None,
+        lease_expires_at=None,
+        started_at=None,
+        finished_at=None,
+    )
+)
+
+
 def _due(
     conn: Connection, now: datetime, limit: int, after: tuple[datetime, int] | None
 ) -> list[Any]:
-    stmt = (
-        select(*_due_columns)
-        .select_from(rows.outerjoin(jobs, jobs.c.id == rows.c.last_job_id))
-        .where(rows.c.enabled == true(), rows.c.next_run_at <= now)
-        .order_by(rows.c.next_run_at, rows.c.id)
-        .limit(limit)
-    )
-    if after is not None:
-        stmt = stmt.where(
-            or_(
-                rows.c.next_run_at > after[0],
-                and_(rows.c.next_run_at == after[0], rows.c.id > after[1]),
-            )
+    if after is None:
+        return list(conn.execute(_DUE, {"p_now": now, "p_limit": limit}))
+    params = {"p_now": now, "p_limit": limit, "p_after_at": after[0], "p_after_id": after[1]}
+    return list(conn.execute(_DUE_AFTER, params))
+
+
+@functools.lru_cache(maxsize=16)
+def _swap_statement(keys: tuple[str, ...]) -> Any:
+    return (
+        update(rows)
+        .where(rows.c.id == _P("p_id"), rows.c.version == _P("p_version"))
+        .values(
+            version=rows.c.version + 1,
+            updated_at=_P("p_now"),
+            **{key: _P(f"p_{key}", type_=rows.c[key].type) for key in keys},
         )
-    return list(conn.execute(stmt))
+    )
 
 
 def _swap(conn: Connection, row: Any, now: datetime, **values: Any) -> None:
     """The compare-and-swap on the row's version; a miss means another process won."""
-    result = conn.execute(
-        update(rows)
-        .where(rows.c.id == row.id, rows.c.version == row.version)
-        .values(version=rows.c.version + 1, updated_at=now, **values)
-    )
-    if result.rowcount != 1:
+    params = {f"p_{key}": value for key, value in values.items()}
+    params.update(p_id=row.id, p_version=row.version, p_now=now)
+    if conn.execute(_swap_statement(tuple(sorted(values))), params).rowcount != 1:
         raise _Rollback(LOST_RACE)
 
 
@@ -199,22 +234,15 @@ def _decide(
             next_run_at=_cron.next_after(row.cron, row.timezone, now, row.name),
         )
         reset = conn.execute(
-            update(jobs)
-            .where(jobs.c.id == row.last_job_id, jobs.c.state == ABORTED)
-            .values(
-                state=QUEUED,
-                attempts=0,
-                max_attempts=max_attempts,
-                queue=queue,
-                handler=row.handler,
-                payload=row.payload,
-                run_at=now,
-                last_error_code=None,
-                lease_owner=None,
-                lease_expires_at=None,
-                started_at=None,
-                finished_at=None,
-            )
+            _RESET_JOB,
+            {
+                "p_id": row.last_job_id,
+                "p_max_attempts": max_attempts,
+                "p_queue": queue,
+                "p_handler": row.handler,
+                "p_payload": row.payload,
+                "p_now": now,
+            },
         )
         if reset.rowcount != 1:
             raise _Rollback(LOST_RACE)
