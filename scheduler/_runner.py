@@ -20,6 +20,8 @@ from ._store import Store
 
 log = logging.getLogger(__name__)
 
+RECORD_WITHIN = 0.5  # seconds a finished attempt may wait to be written with others
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -300,16 +302,33 @@ class Runner:
         signals.send(signals.job_aborted, job.handler, job=view, error_code=code)
 
     # -- the simple loop ----------------------------------------------------------------
-    def work(self, limit: int | None = None) -> int:
-        """Run ready jobs one at a time until none is ready; returns how many were handled."""
+    def work(self, limit: int | None = None, batch: int = 10) -> int:
+        """Run ready jobs in this thread until none is ready; returns how many were handled.
+
+        Jobs are claimed ``batch`` at a time and their outcomes written together, at the end
+        of the batch or once the oldest unwritten one is half a second old. The leases of the
+        jobs still waiting are renewed while earlier ones run.
+        """
         handled = 0
         while limit is None or handled < limit:
-            batch = self.take_over() or self.claim(1)
-            if not batch:
+            size = batch if limit is None else min(batch, limit - handled)
+            jobs = self.take_over(limit=size) or self.claim(size)
+            if not jobs:
                 break
-            for job in batch:
-                self.run(job)
+            pending: list[Outcome] = []
+            oldest = renewed = time.monotonic()
+            for index, job in enumerate(jobs):
+                if time.monotonic() - renewed > self.lease.total_seconds() / 3:
+                    self.extend([j.id for j in jobs[index:]] + [o.job.id for o in pending])
+                    renewed = time.monotonic()
+                if not pending:
+                    oldest = time.monotonic()
+                pending.append(self.execute(job))
                 handled += 1
+                if time.monotonic() - oldest > RECORD_WITHIN:
+                    self.record(pending)
+                    pending = []
+            self.record(pending)
         return handled
 
 

@@ -47,7 +47,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-POLL_SECONDS = 1.0  # look for ready jobs at least this often
+POLL_SECONDS = 1.0  # look for ready jobs (and expired leases) at least this often
+SHORT_JOB_SECONDS = 0.05  # jobs shorter than this on average are prefetched
+PREFETCH_FACTOR = 4  # with short jobs, hold up to this many per thread
+MAX_CLAIM = 200  # most jobs held at once
 HOUSEKEEPING_SECONDS = 60.0  # purge, undelivered alerts, forgotten worker rows
 PRESENCE_SECONDS = 1.0  # at most one write to scheduler_workers per this many seconds
 FORGET_WORKERS_AFTER = timedelta(hours=1)
@@ -97,6 +100,8 @@ class Worker:
         self._signals = self._handled = 0
         self._touched = float("-inf")
         self._ticked_at: datetime | None = None
+        self._avg_seconds: float | None = None  # moving average of handler run time
+        self._next_takeover = float("-inf")
 
     def run(self, *, once: bool = False, install_signals: bool = False) -> WorkerResult:
         """Work until stopped; with ``once``: take over, tick, run what is ready, return."""
@@ -179,14 +184,27 @@ class Worker:
                 text = ", ".join(names)
                 _log(level, f"tick_{outcome}", "tick: %s %s", outcome, text, rows=names)
 
+    def _capacity(self) -> int:
+        """How many jobs to hold at once: the threads, plus a prefetch while jobs are short.
+
+        Short jobs are claimed (and their outcomes written) several per statement; a job that
+        waits behind a long one could have run elsewhere, so long jobs get no prefetch.
+        """
+        if self._avg_seconds is not None and self._avg_seconds < SHORT_JOB_SECONDS:
+            return min(self.concurrency * PREFETCH_FACTOR, MAX_CLAIM)
+        return self.concurrency
+
     def _fill(self, pool: ThreadPoolExecutor) -> None:
-        """Take over stopped jobs, then claim ready ones: never more than free threads."""
+        """Take over stopped jobs (at most once per poll), then claim up to capacity."""
         with self._lock:
-            free = self.concurrency - len(self._running)
+            free = self._capacity() - len(self._running)
         if free <= 0 or self._stopping:
             return
-        taken = self.runner.take_over(limit=free)
-        self._submit(pool, taken)  # before claiming: a failed claim must not strand them
+        taken: list[Job] = []
+        if time.monotonic() >= self._next_takeover:
+            self._next_takeover = time.monotonic() + POLL_SECONDS
+            taken = self.runner.take_over(limit=free)
+            self._submit(pool, taken)  # before claiming: a failed claim must not strand them
         if len(taken) < free:
             self._submit(pool, self.runner.claim(free - len(taken)))
 
@@ -209,9 +227,15 @@ class Worker:
             self._release(job.id)
             return
 
+        ran = time.monotonic() - began
+        avg = self._avg_seconds
+        self._avg_seconds = ran if avg is None else avg + 0.1 * (ran - avg)
+
         def done(result: str) -> None:
             took = time.monotonic() - began
-            _log(logging.INFO, "job_done", f"job {job.id} ({job.handler}) {result} in {took:.2f}s")
+            if log.isEnabledFor(logging.INFO):
+                text = f"job {job.id} ({job.handler}) {result} in {took:.2f}s"
+                _log(logging.INFO, "job_done", text)
             self._release(job.id)
 
         # The job stays in _running (leases renewed, slot taken) until its outcome is written.
