@@ -46,6 +46,7 @@ from scheduler import Scheduler
 from scheduler._jobs import new_job_values
 from scheduler._store import make_engine
 from scheduler._tables import jobs as our_jobs
+from scheduler._worker import Worker
 
 HANDLER = "bench.noop"
 LEASE = timedelta(seconds=60)
@@ -124,6 +125,8 @@ def ours_drain(app: Scheduler, batch: int, mode: str) -> int:
     each, then record() the batch's outcomes in one transaction. Returns the jobs handled."""
     if mode == "work":
         return app.work()
+    if mode == "worker":  # the real worker loop: threads, prefetch, group commit
+        return Worker(app, concurrency=batch).run(once=True).handled
     runner = app.runner()
     handled = 0
     while True:
@@ -560,6 +563,7 @@ ENQUEUE_NAMES = {
 
 OURS_MODES = {
     "work": "ours: Scheduler.work()",
+    "worker": "ours: worker, {b} threads",
     "run": "ours: Runner claim({b}) + run() each",
     "record": "ours: Runner claim({b}) + record(batch)",
 }
@@ -682,9 +686,7 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
     scratch = _bench.scratch_dir()
     found = systems(args, scratch)
-    runner = Scheduler("sqlite://").runner()
-    # record(): the Runner's batched finish, where this version of scheduler has it.
-    modes = ["run", "record"] if hasattr(runner, "record") else ["run"]
+    modes = ["worker", "record"]
     cases = plan(found, batches, modes)
     load_before = _bench.load()
     for rep in range(args.reps):

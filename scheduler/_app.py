@@ -7,14 +7,14 @@ import socket
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import Engine
 
 from . import _alerts, _jobs, _migrate, _rows, _tick
 from ._config import AppConfig, SchedulerSettings, TaskSpec, WorkerSettings, load_config
 from ._errors import ConfigError
-from ._handlers import AbandonedHook, Handler, Registry
+from ._handlers import AbandonedHook, F, Registry
 from ._jobs import Job
 from ._payload import encode_payload
 from ._rows import SyncPlan, TaskRow
@@ -22,8 +22,6 @@ from ._runner import Runner
 from ._store import Store
 from ._tick import TickReport
 from ._time import Clock, as_utc, utcnow
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 #: Handlers registered with ``@app.handler`` land here unless a Scheduler gets its own
 #: ``registry``, so a worker started by the CLI sees the handlers its imports registered.
@@ -100,12 +98,9 @@ class Scheduler:
         queue: str = "default",
     ) -> Callable[[F], F]:
         """Register the decorated callable as the handler called ``name``."""
-
-        def register(func: F) -> F:
-            self.registry.add(Handler(name, func, retry_safe, max_attempts, abandoned, queue))
-            return func
-
-        return register
+        return self.registry.handler(
+            name, retry_safe=retry_safe, max_attempts=max_attempts, abandoned=abandoned, queue=queue
+        )
 
     def _job_defaults(self, handler: str) -> tuple[int, str]:
         found = self.registry.get(handler)

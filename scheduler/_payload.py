@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._errors import PayloadError
@@ -24,40 +24,32 @@ def is_credential_key(key: str) -> bool:
     return _CREDENTIAL.search(re.sub(r"[\s_\-.]", "", key).lower()) is not None
 
 
-def find_credential_key(value: Any, path: str = "") -> str | None:
-    """Return the dotted path of the first credential-like key in ``value``, or None."""
+def _first_key(value: Any, wanted: Callable[[Any], bool], path: str = "") -> str | None:
+    """The dotted path of the first key, at any depth, for which ``wanted(key)`` holds."""
     if isinstance(value, Mapping):
         for key, item in value.items():
             here = f"{path}.{key}" if path else str(key)
-            if is_credential_key(str(key)):
+            if wanted(key):
                 return here
-            found = find_credential_key(item, here)
+            found = _first_key(item, wanted, here)
             if found:
                 return found
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            found = find_credential_key(item, f"{path}[{index}]")
+            found = _first_key(item, wanted, f"{path}[{index}]")
             if found:
                 return found
     return None
+
+
+def find_credential_key(value: Any, path: str = "") -> str | None:
+    """Return the dotted path of the first credential-like key in ``value``, or None."""
+    return _first_key(value, lambda key: is_credential_key(str(key)), path)
 
 
 def find_non_string_key(value: Any, path: str = "") -> str | None:
     """Return the path of the first key that is not a string (JSON would change it), or None."""
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            here = f"{path}.{key}" if path else str(key)
-            if not isinstance(key, str):
-                return here
-            found = find_non_string_key(item, here)
-            if found:
-                return found
-    elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            found = find_non_string_key(item, f"{path}[{index}]")
-            if found:
-                return found
-    return None
+    return _first_key(value, lambda key: not isinstance(key, str), path)
 
 
 def encode_payload(payload: Any, limit: int = DEFAULT_PAYLOAD_LIMIT) -> str:
