@@ -75,7 +75,7 @@ raw_jobs = Table(
     Column("task_name", String(200)),
     Column("created_at", DateTime, nullable=False),
     Column("finished_at", DateTime),
-    Index("ix_raw_jobs_ready", "state", "run_at"),
+    Index("ix_raw_jobs_ready", "state", "queue", "priority", "run_at", "id"),
     Index("ix_raw_jobs_lease", "state", "lease_expires_at"),
     Index("ix_raw_jobs_finished", "state", "finished_at"),
 )
@@ -211,7 +211,7 @@ def raw_drain_setup(url: str, batch: int, _mode: str = "") -> Callable[[], tuple
     ready = (
         select(j.id)
         .where(j.state == "queued", j.run_at <= p_now, j.queue == "default")
-        .order_by(j.priority.desc(), j.run_at, j.id)
+        .order_by(j.priority, j.run_at, j.id)
     )
     first = ready.with_only_columns(j.id, j.handler, j.payload).limit(1)
     claim_values = {
@@ -307,10 +307,10 @@ def raw_enqueue(url: str, n: int) -> tuple[float, Counts]:
     return elapsed, counts
 
 
-#: What scheduler_jobs lacks (see README): an index in the claim's own order, so a claim
-#: reads one index entry instead of sorting every queued job.
+#: A partial index in the claim's order, which scheduler_jobs does not have (MariaDB has no
+#: partial indexes): shows what it would buy the raw loop.
 READY_INDEX = (
-    "CREATE INDEX ix_raw_jobs_ordered ON raw_jobs (queue, priority DESC, run_at, id)"
+    "CREATE INDEX ix_raw_jobs_ordered ON raw_jobs (queue, priority, run_at, id)"
     " WHERE state = 'queued'"
 )
 
@@ -680,7 +680,7 @@ def main() -> None:
     p.add_argument(
         "--raw-ready-index",
         action="store_true",
-        help="give the raw table a partial index in the claim's order (scheduler_jobs has none)",
+        help="also give the raw table a partial index in the claim's order",
     )
     args = p.parse_args()
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
