@@ -101,7 +101,6 @@ class Worker:
         self._touched = float("-inf")
         self._ticked_at: datetime | None = None
         self._avg_seconds: float | None = None  # moving average of handler run time
-        self._next_takeover = float("-inf")
 
     def run(self, *, once: bool = False, install_signals: bool = False) -> WorkerResult:
         """Work until stopped; with ``once``: take over, tick, run what is ready, return."""
@@ -195,16 +194,13 @@ class Worker:
         return self.concurrency
 
     def _fill(self, pool: ThreadPoolExecutor) -> None:
-        """Take over stopped jobs (at most once per poll), then claim up to capacity."""
+        """Take over stopped jobs first, then claim ready ones up to capacity."""
         with self._lock:
             free = self._capacity() - len(self._running)
         if free <= 0 or self._stopping:
             return
-        taken: list[Job] = []
-        if time.monotonic() >= self._next_takeover:
-            self._next_takeover = time.monotonic() + POLL_SECONDS
-            taken = self.runner.take_over(limit=free)
-            self._submit(pool, taken)  # before claiming: a failed claim must not strand them
+        taken = self.runner.take_over(limit=free)
+        self._submit(pool, taken)  # before claiming: a failed claim must not strand them
         if len(taken) < free:
             self._submit(pool, self.runner.claim(free - len(taken)))
 
