@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import uuid
@@ -55,9 +56,9 @@ class Scheduler:
         worker = worker or WorkerSettings()
         for key, value in overrides.items():
             if hasattr(settings, key):
-                settings = _replace(settings, key, value)
+                settings = dataclasses.replace(settings, **{key: value})
             elif hasattr(worker, key):
-                worker = _replace(worker, key, value)
+                worker = dataclasses.replace(worker, **{key: value})
             else:
                 raise TypeError(f"Scheduler() got an unexpected keyword argument {key!r}")
         self.settings = settings
@@ -250,9 +251,3 @@ class Scheduler:
 
     def close(self) -> None:
         self.store.dispose()
-
-
-def _replace(obj: Any, key: str, value: Any) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(obj, **{key: value})

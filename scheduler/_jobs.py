@@ -267,17 +267,12 @@ def expired(
     return [Job.from_row(r) for r in conn.execute(stmt)]
 
 
-def take_over(
-    conn: Connection, job: Job, *, owner: str, now: datetime, lease: timedelta, rerun: bool
-) -> bool:
-    """Take ``job`` from its stopped owner, conditional on the owner and expiry we saw.
+def _seize(conn: Connection, job: Job, now: datetime, values: dict[str, Any]) -> bool:
+    """Write ``values`` to an expired job, conditional on the owner and expiry we saw.
 
-    With ``rerun`` the takeover starts a new attempt. The lost attempt is recorded in the run
-    history. Returns whether this process won.
+    Whoever changed the job since (its owner renewing, another worker taking it over) makes
+    this change nothing. On a win, the lost attempt is recorded in the run history.
     """
-    values: dict[str, Any] = {"lease_owner": owner, "lease_expires_at": now + lease}
-    if rerun:
-        values.update(attempts=jobs.c.attempts + 1, started_at=now)
     result = conn.execute(
         update(jobs)
         .where(
@@ -297,25 +292,19 @@ def take_over(
     return True
 
 
+def take_over(
+    conn: Connection, job: Job, *, owner: str, now: datetime, lease: timedelta, rerun: bool
+) -> bool:
+    """Take ``job`` from its stopped owner; with ``rerun`` start a new attempt. True if won."""
+    values: dict[str, Any] = {"lease_owner": owner, "lease_expires_at": now + lease}
+    if rerun:
+        values.update(attempts=jobs.c.attempts + 1, started_at=now)
+    return _seize(conn, job, now, values)
+
+
 def abort_expired(conn: Connection, job: Job, *, now: datetime) -> bool:
     """End a job whose lease expired on its last attempt: ``aborted`` / ``lease_expired``."""
-    result = conn.execute(
-        update(jobs)
-        .where(
-            jobs.c.id == job.id,
-            jobs.c.state == CLAIMED,
-            jobs.c.lease_owner == job.lease_owner,
-            jobs.c.lease_expires_at == job.lease_expires_at,
-            jobs.c.lease_expires_at <= now,
-        )
-        .values(**_finished(ABORTED, now, "lease_expired"))
-    )
-    if result.rowcount != 1:
-        return False
-    record_run(
-        conn, job, outcome="lost", error_code="lease_expired", now=now, worker=job.lease_owner
-    )
-    return True
+    return _seize(conn, job, now, _finished(ABORTED, now, "lease_expired"))
 
 
 def heartbeat(
