@@ -188,11 +188,17 @@ class Scheduler:
         queue: str | None = None,
         max_attempts: int | None = None,
     ) -> int:
-        """Add a job; returns its id (with a ``dedupe_key``: the active job's id if any)."""
+        """Add a job; returns its id (with a ``dedupe_key``: the active job's id if any).
+
+        Raises :class:`PayloadError` for a bad payload, ``ValueError`` for ``max_attempts``
+        below 1 or a ``handler``, ``queue`` or ``dedupe_key`` longer than its column.
+        """
         text = encode_payload(payload, self.settings.payload_limit_bytes)
         default_attempts, default_queue = self._job_defaults(handler)
         if max_attempts is not None and max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
+        queue = queue or default_queue
+        _jobs.check_text(handler=handler, queue=queue, dedupe_key=dedupe_key)
         values = _jobs.new_job_values(
             handler=handler,
             payload=text,
@@ -200,7 +206,7 @@ class Scheduler:
             run_at=as_utc(run_at) if run_at is not None else None,
             priority=priority,
             dedupe_key=dedupe_key,
-            queue=queue or default_queue,
+            queue=queue,
             max_attempts=max_attempts or default_attempts,
         )
         return _jobs.enqueue(self.store, values)

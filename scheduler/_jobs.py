@@ -18,6 +18,7 @@ from sqlalchemy import (
     Connection,
     Integer,
     Row,
+    String,
     and_,
     bindparam,
     delete,
@@ -79,6 +80,28 @@ class Job:
             created_at=m["created_at"],
             finished_at=m["finished_at"],
         )
+
+
+def _length(name: str) -> int:
+    kind = jobs.c[name].type
+    assert isinstance(kind, String) and kind.length is not None
+    return kind.length
+
+
+#: The text a caller of ``enqueue`` chooses, and its column's length in characters.
+TEXT_LIMITS = {name: _length(name) for name in ("handler", "queue", "dedupe_key")}
+
+
+def check_text(**values: str | None) -> None:
+    """Raise ``ValueError`` naming the first value longer than its column (``TEXT_LIMITS``).
+
+    Checked before any SQL, so every engine refuses alike: PostgreSQL and MariaDB would raise a
+    ``DataError``, and SQLite would store the whole value.
+    """
+    for name, value in values.items():
+        limit = TEXT_LIMITS[name]
+        if value is not None and len(value) > limit:
+            raise ValueError(f"{name} is {len(value)} characters, over the {limit}-character limit")
 
 
 def new_job_values(

@@ -737,6 +737,44 @@ def test_payload_up_to_64_kib_is_stored_whole_and_over_it_refused(
     assert job_count(app) == 1
 
 
+# The columns hold 200, 100 and 200 characters; PostgreSQL and MariaDB raised a DataError past
+# them and SQLite stored the whole value. "é" is one character of two UTF-8 bytes.
+@pytest.mark.parametrize(
+    ("field", "limit"), [("handler", 200), ("queue", 100), ("dedupe_key", 200)]
+)
+def test_over_long_handler_queue_or_dedupe_key_is_refused_before_the_database(
+    make_app: Callable[..., Scheduler], field: str, limit: int
+):
+    app = make_app()
+
+    def enqueue(value: str) -> int:
+        args: dict[str, Any] = {"handler": "h", field: value}
+        return app.enqueue(args.pop("handler"), {}, **args)
+
+    fits = "é" + "x" * (limit - 1)
+    job = app.get_job(enqueue(fits))
+    assert job is not None and getattr(job, field) == fits
+    for too_long in (fits + "x", "x" * (limit + 100)):
+        with pytest.raises(ValueError) as info:
+            enqueue(too_long)
+        assert str(info.value) == (
+            f"{field} is {len(too_long)} characters, over the {limit}-character limit"
+        )
+    assert job_count(app) == 1
+
+
+def test_a_handlers_over_long_default_queue_is_refused_at_enqueue(
+    make_app: Callable[..., Scheduler],
+):
+    app = make_app()
+    app.handler("long.queue", queue="q" * 101)(lambda job: None)
+    with pytest.raises(ValueError, match=r"^queue is 101 characters, over the 100-character"):
+        app.enqueue("long.queue")
+    assert job_count(app) == 0
+    job = app.get_job(app.enqueue("long.queue", queue="q" * 100))
+    assert job is not None and job.queue == "q" * 100
+
+
 # -- error messages stay out of the database ---------------------------------------------------
 SECRET = "SECRET-MESSAGE-xyz"
 
