@@ -9,6 +9,7 @@ wildcard or a step follows real time: both repeated hours run, the missing hour 
 from __future__ import annotations
 
 import functools
+import re
 import threading
 from datetime import UTC, datetime
 from typing import Any
@@ -37,11 +38,18 @@ def validate_timezone(tz: str) -> ZoneInfo:
         raise ValueError(f"unknown timezone {tz!r}") from None
 
 
+# A field (or one item of a comma list) that croniter hashes: H, H(a-b), H/n, H(a-b)/n.
+_HASHED = re.compile(r"(?:^|[\s,])h(?:\(|/|,|\s|$)", re.IGNORECASE)
+
+
 def _hash_id(expr: str, name: str) -> bytes | None:
     # With a hash_id croniter turns nicknames into Jenkins forms (@daily -> "H H * * * H");
     # we keep their classic meaning (@daily = midnight) and hash only explicit H fields.
+    # Without an H field the name changes nothing, so rows share one parsed iterator.
     # Bytes, because croniter.expand (unlike the constructor) does not encode a str.
-    return None if expr.lstrip().startswith("@") else name.encode()
+    if expr.lstrip().startswith("@") or not _HASHED.search(expr):
+        return None
+    return name.encode()
 
 
 def _check_syntax(expr: str) -> str | None:
@@ -131,9 +139,13 @@ def next_after(expr: str, tz: str, after: datetime, name: str) -> datetime:
     """First slot of `expr` in zone `tz` strictly after `after`, as an aware UTC datetime."""
     if after.tzinfo is None or after.utcoffset() is None:
         raise ValueError("after must be timezone-aware")
-    after_utc = after.astimezone(UTC)
+    return _next(expr, tz, _hash_id(expr, name), after.astimezone(UTC))
+
+
+# One tick asks for the slot after the same `now` for every row with the same expression.
+@functools.lru_cache(maxsize=1024)
+def _next(expr: str, tz: str, hash_id: bytes | None, after_utc: datetime) -> datetime:
     fixed = has_fixed_hour(expr)
-    hash_id = _hash_id(expr, name)
     it = _iterator(expr, tz, hash_id)
     with _lock:  # a cached iterator is stateful
         it.set_current(after_utc.timestamp(), force=True)  # a timestamp is never ambiguous
@@ -145,4 +157,4 @@ def next_after(expr: str, tz: str, after: datetime, name: str) -> datetime:
             if not fixed and _moved_out_of_gap(local, expr, hash_id):
                 continue
             return utc
-    raise RuntimeError(f"no slot found for cron {expr!r} in {tz} after {after.isoformat()}")
+    raise RuntimeError(f"no slot found for cron {expr!r} in {tz} after {after_utc.isoformat()}")
