@@ -2,7 +2,8 @@
 
 :func:`status` reads in one transaction, four queries (rows with their last job's state, one
 aggregate over the jobs, the latest finished attempt, the workers); ``now`` defaults to the
-app's clock. Workers record that they are alive with :func:`touch` (``scheduler_workers``).
+app's clock. Workers record that they are alive with :func:`touch` (``scheduler_workers``), and
+``scheduler tick`` its ticks, under :func:`one_shot_tick_id`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import case, delete, func, insert, select, update
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from . import _rows
 from ._jobs import CLAIMED, QUEUED, STATES
@@ -40,21 +42,44 @@ class Thresholds:
 
 
 # -- presence: each worker keeps a row in scheduler_workers --------------------------------
+REGISTER_ATTEMPTS = 5  # a lost race to register an id is retried as an update
+
+
 def touch(store: Store, worker_id: str, now: datetime, last_tick_at: datetime | None) -> None:
-    """Record that ``worker_id`` is alive (and when it last ticked); registers it if needed."""
+    """Record that ``worker_id`` is alive (and when it last ticked); registers it if needed.
+
+    Two processes may register one id at once (``scheduler tick`` runs share their host's id):
+    the one that loses (a duplicate key on PostgreSQL, a deadlock on MariaDB) updates the row
+    the other inserted.
+    """
     values = {"last_seen_at": now, "last_tick_at": last_tick_at}
-    with store.begin() as conn:
-        found = conn.execute(update(workers).where(workers.c.id == worker_id).values(**values))
-        if found.rowcount == 0:  # first call, or forgotten meanwhile: register
-            conn.execute(
-                insert(workers).values(
-                    id=worker_id,
-                    hostname=socket.gethostname(),
-                    pid=os.getpid(),
-                    started_at=now,
-                    **values,
+    for attempt in range(1, REGISTER_ATTEMPTS + 1):
+        registering = False
+        try:
+            with store.begin() as conn:
+                found = conn.execute(
+                    update(workers).where(workers.c.id == worker_id).values(**values)
                 )
-            )
+                if found.rowcount == 0:  # first call, or forgotten meanwhile: register
+                    registering = True
+                    conn.execute(
+                        insert(workers).values(
+                            id=worker_id,
+                            hostname=socket.gethostname(),
+                            pid=os.getpid(),
+                            started_at=now,
+                            **values,
+                        )
+                    )
+            return
+        except (IntegrityError, OperationalError):
+            if not registering or attempt == REGISTER_ATTEMPTS:
+                raise
+
+
+def one_shot_tick_id() -> str:
+    """The id ``scheduler tick`` records its ticks under: one row per host, not one per run."""
+    return f"{socket.gethostname()}:tick"
 
 
 def forget(

@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo
 import click
 from sqlalchemy.exc import SQLAlchemyError
 
-from . import __version__, _migrate
+from . import __version__, _health, _migrate
 from ._app import Scheduler
 from ._errors import ConfigError, SchedulerError
 
@@ -171,13 +171,16 @@ def tick(state: State, as_json: bool) -> None:
 
     Each due row is dispatched, rerun in place, held back or disabled; prints the row names
     per outcome. Handler modules in [worker] imports are imported first, so the jobs the tick
-    creates get their handlers' defaults.
+    creates get their handlers' defaults. The tick is recorded as a worker's is (one entry
+    per host, HOST:tick), so `status` sees ticks run from cron or a systemd timer.
     """
     from ._worker import import_handlers
 
     app = state.open()
     import_handlers(app.worker_settings.imports)  # the jobs it creates take their defaults
     report = app.tick().as_dict()
+    ticked_at = app.clock()
+    _health.touch(app.store, _health.one_shot_tick_id(), ticked_at, ticked_at)
     if as_json:
         click.echo(json.dumps(report))
         return

@@ -6,8 +6,10 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -168,11 +170,58 @@ def test_migrate_sync_tick_worker_status(db_url_sp: str, tmp_path: Path) -> None
         "stopped": 0,
         "overdue": 0,
         "stalled": False,
-        # The --once worker said goodbye (its row is gone), so nothing is ticking now.
-        "warnings": ["no worker is running: start `scheduler worker`"],
+        "warnings": [],  # the one-shot ticks were recorded a moment ago
     }
-    assert health["workers"] == []
+    # The --once worker said goodbye (its row is gone); the one-shot ticks' row stays.
+    assert [w["id"] for w in health["workers"]] == [f"{socket.gethostname()}:tick"]
     reader.close()
+
+
+def test_one_shot_tick_is_recorded_for_status(tmp_path: Path, sqlite_template: Path) -> None:
+    """`scheduler tick` from cron(8) or a timer: `status` sees the ticks, as a worker's."""
+    db = tmp_path / "cron.db"
+    shutil.copy(sqlite_template, db)
+    write_config(tmp_path, f"sqlite:///{db}", tasks=TASK)
+    ok(run_cli(tmp_path, "sync"))
+    before: dict[str, Any] = json.loads(ok(run_cli(tmp_path, "status", "--json")))
+    assert before["health"]["warnings"] == ["no worker is running: start `scheduler worker`"]
+    assert before["health"]["last_tick_at"] is None
+
+    def tick() -> tuple[datetime, dict[str, Any], datetime]:
+        started = datetime.now(UTC)
+        assert ok(run_cli(tmp_path, "tick")).splitlines()[0] == "dispatched: -"
+        ended = datetime.now(UTC)
+        return started, json.loads(ok(run_cli(tmp_path, "status", "--json"))), ended
+
+    started, data, ended = tick()
+    assert list(data) == ["rows", "jobs", "health"]
+    health = data["health"]
+    assert list(health) == list(before["health"])  # no new keys
+    assert {k: health[k] for k in SPEC_HEALTH} == {
+        "waiting": 0,
+        "stopped": 0,
+        "overdue": 0,
+        "stalled": False,
+        "warnings": [],
+    }
+    first = datetime.fromisoformat(health["last_tick_at"])
+    assert started <= first <= ended
+    [worker] = health["workers"]
+    assert list(worker) == ["id", "hostname", "pid", "started_at", "last_seen_at", "last_tick_at"]
+    assert worker["id"] == f"{socket.gethostname()}:tick"
+    assert worker["last_seen_at"] == worker["last_tick_at"] == health["last_tick_at"]
+    status_text = ok(run_cli(tmp_path, "status"))
+    assert f"last tick {health['last_tick_at']}, 1 worker(s)" in status_text
+    assert "warning:" not in status_text
+
+    # The next run updates that row: one row per host, however often cron runs the tick.
+    started, data, ended = tick()
+    [again] = data["health"]["workers"]
+    assert again["id"] == worker["id"] and again["started_at"] == worker["started_at"]
+    assert (
+        first < datetime.fromisoformat(again["last_tick_at"]) and data["health"]["warnings"] == []
+    )
+    assert started <= datetime.fromisoformat(data["health"]["last_tick_at"]) <= ended
 
 
 def test_enable_disable_and_the_status_table(tmp_path: Path, sqlite_template: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -202,6 +203,35 @@ def test_tick_warnings_from_worker_rows(sched: Scheduler, clock: Clock) -> None:
     forget(sched.store, seen_before=T)  # forgets neither: both seen at T
     forget(sched.store, "w1")
     assert [w["id"] for w in status(sched)["health"]["workers"]] == ["w2"]
+
+
+def test_processes_registering_one_worker_id_at_once_all_succeed(sched: Scheduler) -> None:
+    """`scheduler tick` runs on one host share an id: racing first touches must not fail.
+
+    Without the retry, the losers raised a duplicate key (PostgreSQL) or a deadlock (MariaDB).
+    """
+    racers, rounds = 8, 5
+    failed: list[BaseException] = []
+
+    def race(barrier: threading.Barrier, worker_id: str, i: int) -> None:
+        barrier.wait()
+        try:
+            touch(sched.store, worker_id, T + timedelta(seconds=i), T)
+        except BaseException as exc:  # reported by the test thread
+            failed.append(exc)
+
+    for n in range(rounds):
+        barrier = threading.Barrier(racers)
+        args = [(barrier, f"host:tick:{n}", i) for i in range(racers)]
+        threads = [threading.Thread(target=race, args=a) for a in args]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert failed == []
+    workers = status(sched)["health"]["workers"]
+    assert sorted(w["id"] for w in workers) == [f"host:tick:{n}" for n in range(rounds)]
+    assert all(w["last_tick_at"] == "2030-03-01T12:00:00Z" for w in workers)
 
 
 def test_status_refuses_an_outdated_schema(tmp_path: Path) -> None:
