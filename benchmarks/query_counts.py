@@ -3,7 +3,8 @@
     python benchmarks/query_counts.py [--pg URL] [--mysql URL]
 
 Counts every statement the driver executes (SQLAlchemy's ``before_cursor_execute``), apart from
-BEGIN/COMMIT/ROLLBACK, and the transactions each operation opens. SQLite runs on a temporary
+BEGIN/COMMIT/ROLLBACK, and the transactions each operation opens (SQLAlchemy's ``begin``, plus
+each statement run outside one, in the driver's autocommit). SQLite runs on a temporary
 file; PostgreSQL and MariaDB (``SCHEDULER_BENCH_PG`` / ``SCHEDULER_BENCH_MYSQL`` or the flags,
 defaulting to the test servers) are measured if reachable, in a database of their own
 (``scheduler_bench``, created if missing) so no other data is touched.
@@ -48,6 +49,8 @@ class _Counter:
     def on_execute(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         if not statement.lstrip().upper().startswith(_TX):
             self.statements.append(" ".join(statement.split()))
+            if not conn.in_transaction():  # run in the driver's autocommit: its own transaction
+                self.transactions += 1
 
     def on_begin(self, conn: Any) -> None:
         self.transactions += 1

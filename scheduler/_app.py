@@ -146,6 +146,7 @@ class Scheduler:
             max_consecutive_failures=self.settings.max_consecutive_failures,
             batch_size=self.settings.batch_size,
             job_defaults=self._job_defaults,
+            connections=self.settings.tick_connections,
         )
 
     def enable(self, name: str) -> bool:

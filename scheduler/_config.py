@@ -45,6 +45,7 @@ class SchedulerSettings:
     tick_interval: float = 1.0
     timezone: str = "UTC"
     batch_size: int = 100
+    tick_connections: int = 0  # 0: 4 on PostgreSQL, else 1 (SQLite always 1)
     backoff_base_seconds: float = 60.0
     backoff_max_seconds: float = 3600.0
     payload_limit_bytes: int = 65536
@@ -180,6 +181,7 @@ def _scheduler_settings(data: Any, path: str) -> SchedulerSettings:
         tick_interval=t.number("tick_interval", positive=True),
         timezone=t.timezone("timezone"),
         batch_size=t.integer("batch_size", 1),
+        tick_connections=t.integer("tick_connections", 0),
         backoff_base_seconds=t.number("backoff_base_seconds", positive=True),
         backoff_max_seconds=t.number("backoff_max_seconds", positive=True),
         payload_limit_bytes=t.integer("payload_limit_bytes", 1),

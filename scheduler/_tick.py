@@ -12,17 +12,33 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Integer, and_, bindparam, or_, select, true, update
+from sqlalchemy import (
+    Connection,
+    Integer,
+    String,
+    and_,
+    bindparam,
+    func,
+    insert,
+    literal_column,
+    or_,
+    select,
+    true,
+    update,
+)
+from sqlalchemy.sql import ClauseElement
 
-from . import _cron, _jobs, signals
+from . import _cron, signals
 from ._alerts import Alert, cause, deliver
+from ._driver import PreparedSet
 from ._jobs import ABORTED, CLAIMED, QUEUED, SUCCEEDED
 from ._store import Store
-from ._tables import jobs, rows
+from ._tables import UTCDateTime, jobs, rows
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +135,79 @@ _RESET_JOB = (
 )
 
 
+# A fresh dispatch, the tick's hot path, runs on the driver's cursor (see _driver.py).
+_JOB_COLUMNS: tuple[str, ...] = ("handler", "payload", "queue", "priority", "run_at", "state")
+_JOB_COLUMNS += ("attempts", "max_attempts", "dedupe_key", "task_name", "created_at")
+_JOB_PARAMS = {
+    "handler": _P("j_handler", type_=jobs.c.handler.type),
+    "payload": _P("j_payload", type_=jobs.c.payload.type),
+    "queue": _P("j_queue", type_=jobs.c.queue.type),
+    "priority": literal_column("0"),
+    "run_at": _P("p_now", type_=UTCDateTime()),
+    "state": literal_column(f"'{QUEUED}'", String),
+    "attempts": literal_column("0"),
+    "max_attempts": _P("j_max_attempts", type_=Integer),
+    "dedupe_key": literal_column("NULL"),
+    "task_name": _P("j_task_name", type_=jobs.c.task_name.type),
+    "created_at": _P("p_now", type_=UTCDateTime()),
+}
+_SWAP_VALUES = {
+    "version": rows.c.version + literal_column("1"),
+    "updated_at": _P("p_now", type_=UTCDateTime()),
+    "consecutive_failures": _P("r_failures", type_=Integer),
+    "next_run_at": _P("r_next_run_at", type_=UTCDateTime()),
+}
+_SWAP_WHERE = (
+    rows.c.id == _P("r_id", type_=rows.c.id.type),
+    rows.c.version == _P("r_version", type_=rows.c.version.type),
+)
+
+
+def _build_dispatch(dialect: str) -> ClauseElement:
+    if dialect == "postgresql":
+        # One statement, so one round trip: the compare-and-swap takes the job's id from the
+        # jobs sequence, and the INSERT runs only for the row it returns (none if the swap lost).
+        sequence: Any = literal_column("pg_get_serial_sequence('scheduler_jobs', 'id')")
+        swapped = (
+            update(rows)
+            .where(*_SWAP_WHERE)
+            .values(last_job_id=func.nextval(sequence), **_SWAP_VALUES)
+            .returning(rows.c.last_job_id)
+            .cte("swapped")
+        )
+        source = select(swapped.c.last_job_id, *(_JOB_PARAMS[c] for c in _JOB_COLUMNS))
+        columns = [jobs.c.id, *(jobs.c[c] for c in _JOB_COLUMNS)]
+        return insert(jobs).from_select(columns, source).returning(jobs.c.id)
+    return insert(jobs).values({c: _JOB_PARAMS[c] for c in _JOB_COLUMNS})
+
+
+def _build_dispatch_swap(_dialect: str) -> ClauseElement:
+    return (
+        update(rows)
+        .where(*_SWAP_WHERE)
+        .values(last_job_id=_P("r_job_id", type_=rows.c.last_job_id.type), **_SWAP_VALUES)
+    )
+
+
+_DISPATCH = PreparedSet(_build_dispatch)
+_DISPATCH_SWAP = PreparedSet(_build_dispatch_swap)
+
+
+def _dispatch(conn: Connection, params: dict[str, Any]) -> int:
+    """Insert the row's new job and point the row at it, under the version compare-and-swap."""
+    job_id = int(_DISPATCH.on(conn).run(conn, params).lastrowid)
+    params["r_job_id"] = job_id
+    if _DISPATCH_SWAP.on(conn).run(conn, params).rowcount != 1:
+        raise _Rollback(LOST_RACE)
+    return job_id
+
+
+def _dispatch_alone(conn: Connection, params: dict[str, Any]) -> int | None:
+    """PostgreSQL: the same in one statement, its own transaction; None if the swap lost."""
+    found = _DISPATCH.on(conn).run_alone(conn, params).fetchone()
+    return None if found is None else int(found[0])
+
+
 def _due(
     conn: Connection, now: datetime, limit: int, after: tuple[datetime, int] | None
 ) -> list[Any]:
@@ -149,6 +238,15 @@ def _swap(conn: Connection, row: Any, now: datetime, **values: Any) -> None:
         raise _Rollback(LOST_RACE)
 
 
+# On PostgreSQL a batch's rows are spread over several connections: each row is still its own
+# transaction, and commits waiting on the WAL flush at the same time share it.
+DEFAULT_CONNECTIONS = {"postgresql": 4}
+_ROWS_PER_CONNECTION = 4  # fewer rows than this per connection are not worth a thread
+
+AfterCommit = Callable[[Connection], object]
+Decided = tuple[str, AfterCommit | None]
+
+
 def tick(
     store: Store,
     *,
@@ -156,127 +254,184 @@ def tick(
     max_consecutive_failures: int,
     batch_size: int,
     job_defaults: JobDefaults,
+    connections: int = 0,
 ) -> TickReport:
     """Run one tick over every due row, oldest ``next_run_at`` first, in bounded batches."""
+    dialect = store.engine.dialect.name
+    if dialect == "sqlite" or connections < 0:
+        connections = 1  # one writer at a time: more connections would only wait on the lock
+    elif connections == 0:
+        connections = DEFAULT_CONNECTIONS.get(dialect, 1)
+    decide = functools.partial(
+        _one, now=now, global_limit=max_consecutive_failures, job_defaults=job_defaults
+    )
     report = TickReport()
     after: tuple[datetime, int] | None = None
     while True:
-        # A read transaction: an idle tick takes no write lock (SQLite) and 2 statements.
+        # A read transaction: an idle tick takes no write lock (SQLite) and 1 statement.
         with store.read() as reader:
             batch = _due(reader, now, batch_size, after)
-        if batch:
+        lanes = min(connections, len(batch) // _ROWS_PER_CONNECTION)
+        if lanes > 1:
+            _parallel(store, batch, lanes, decide, report)
+        elif batch:
             with store.engine.connect() as conn:
                 for row in batch:
-                    _one(conn, row, now, max_consecutive_failures, job_defaults, report)
+                    outcome, after_commit = decide(conn, row)
+                    _settle(conn, row, outcome, after_commit, report)
         if len(batch) < batch_size:
             return report
         after = (batch[-1].next_run_at, batch[-1].id)
 
 
-def _one(
-    conn: Connection,
-    row: Any,
-    now: datetime,
-    global_limit: int,
-    job_defaults: JobDefaults,
+def _parallel(
+    store: Store,
+    batch: list[Any],
+    lanes: int,
+    decide: Callable[[Connection, Any], Decided],
     report: TickReport,
 ) -> None:
-    after_commit: Callable[[], object] | None = None
-    try:
-        with conn.begin():
-            outcome, after_commit = _decide(conn, row, now, global_limit, job_defaults)
-    except _Rollback as rolled_back:
-        outcome = rolled_back.outcome
+    """Rows dealt round-robin to `lanes` connections; outcomes reported (and signals sent) in
+    due order once every lane is done. A lane that fails stops; what the others committed is
+    still reported and signalled before the first failure is raised."""
+    decided: dict[int, Decided] = {}
+    failures: list[BaseException] = []
+
+    def lane(part: list[Any]) -> None:
+        try:
+            with store.engine.connect() as conn:
+                for row in part:
+                    decided[row.id] = decide(conn, row)
+        except BaseException as exc:  # reported after the other lanes' commits are settled
+            failures.append(exc)
+
+    with ThreadPoolExecutor(lanes, thread_name_prefix="scheduler-tick") as pool:
+        for _ in pool.map(lane, [batch[k::lanes] for k in range(lanes)]):
+            pass
+    with store.engine.connect() as conn:
+        for row in batch:
+            if row.id in decided:
+                _settle(conn, row, *decided[row.id], report)
+    if failures:
+        raise failures[0]
+
+
+def _settle(
+    conn: Connection, row: Any, outcome: str, after_commit: AfterCommit | None, report: TickReport
+) -> None:
     report.add(outcome, row.name)
     log.debug(
         "tick: row %s %s", row.name, outcome, extra={"action": f"row_{outcome}", "row": row.name}
     )
     if after_commit is not None:
-        after_commit()
+        after_commit(conn)
 
 
-def _decide(
-    conn: Connection, row: Any, now: datetime, global_limit: int, job_defaults: JobDefaults
-) -> tuple[str, Callable[[], object] | None]:
+def _one(
+    conn: Connection, row: Any, *, now: datetime, global_limit: int, job_defaults: JobDefaults
+) -> Decided:
+    """One due row in its own transaction: (outcome, what to run after the commit).
+
+    The branch follows the snapshot of the due query; every write is a compare-and-swap on the
+    row's version, so a snapshot that went stale loses (`lost_race`) instead of acting twice.
+    A hold back writes nothing, so it needs no transaction at all.
+    """
     state = row.job_state
-    if state == ABORTED:
-        failures = row.consecutive_failures + 1
-        limit = row.max_consecutive_failures
-        limit = global_limit if limit is None else limit
-        if limit and failures >= limit:
-            alert_id = uuid.uuid4().hex
-            _swap(
-                conn,
-                row,
-                now,
-                enabled=False,
-                disabled_reason=REASON_FAILURES,
-                disabled_at=now,
-                consecutive_failures=failures,
-                alert_id=alert_id,
-            )
-            code = cause(conn, row.last_job_id, row.job_error)
-            log.warning(
-                "row %s disabled after %s consecutive failures (last error %s)",
-                row.name,
-                failures,
-                code,
-                extra={"action": "row_disabled", "row": row.name, "code": code},
-            )
-            alert = Alert(row.id, row.name, failures, code, row.last_job_id, now, alert_id)
-            return DISABLED, lambda: deliver(conn, alert)
-        max_attempts, queue = job_defaults(row.handler)
+    try:
+        if state == ABORTED:  # checked before the in-flight gate, whatever the concurrency
+            with conn.begin():
+                return _after_failure(conn, row, now, global_limit, job_defaults)
+        if state in (QUEUED, CLAIMED) and not row.concurrent:
+            return HELD_BACK, None
+        return _fresh(conn, row, now, job_defaults)
+    except _Rollback as rolled_back:
+        return rolled_back.outcome, None
+
+
+def _after_failure(
+    conn: Connection, row: Any, now: datetime, global_limit: int, job_defaults: JobDefaults
+) -> Decided:
+    """The last job is aborted: count it, then disable the row or rerun the job in place."""
+    failures = row.consecutive_failures + 1
+    limit = row.max_consecutive_failures
+    limit = global_limit if limit is None else limit
+    if limit and failures >= limit:
+        alert_id = uuid.uuid4().hex
         _swap(
             conn,
             row,
             now,
+            enabled=False,
+            disabled_reason=REASON_FAILURES,
+            disabled_at=now,
             consecutive_failures=failures,
-            next_run_at=_cron.next_after(row.cron, row.timezone, now, row.name),
+            alert_id=alert_id,
         )
-        reset = conn.execute(
-            _RESET_JOB,
-            {
-                "p_id": row.last_job_id,
-                "p_max_attempts": max_attempts,
-                "p_queue": queue,
-                "p_handler": row.handler,
-                "p_payload": row.payload,
-                "p_now": now,
-            },
-        )
-        if reset.rowcount != 1:
-            raise _Rollback(LOST_RACE)
-        return RERUN, lambda: signals.send(
-            signals.job_rerun,
+        code = cause(conn, row.last_job_id, row.job_error)
+        log.warning(
+            "row %s disabled after %s consecutive failures (last error %s)",
             row.name,
-            row=row.name,
-            job_id=row.last_job_id,
-            consecutive_failures=failures,
+            failures,
+            code,
+            extra={"action": "row_disabled", "row": row.name, "code": code},
         )
-    if state in (QUEUED, CLAIMED) and not row.concurrent:
-        raise _Rollback(HELD_BACK)
-    failures = 0 if state in (SUCCEEDED, None) else row.consecutive_failures
+        alert = Alert(row.id, row.name, failures, code, row.last_job_id, now, alert_id)
+        return DISABLED, lambda after: deliver(after, alert)
     max_attempts, queue = job_defaults(row.handler)
-    job_id = _jobs.insert_job(
-        conn,
-        _jobs.new_job_values(
-            handler=row.handler,
-            payload=row.payload,
-            now=now,
-            max_attempts=max_attempts,
-            queue=queue,
-            task_name=row.name,
-        ),
-    )
     _swap(
         conn,
         row,
         now,
-        last_job_id=job_id,
         consecutive_failures=failures,
         next_run_at=_cron.next_after(row.cron, row.timezone, now, row.name),
     )
-    return DISPATCHED, lambda: signals.send(
+    reset = conn.execute(
+        _RESET_JOB,
+        {
+            "p_id": row.last_job_id,
+            "p_max_attempts": max_attempts,
+            "p_queue": queue,
+            "p_handler": row.handler,
+            "p_payload": row.payload,
+            "p_now": now,
+        },
+    )
+    if reset.rowcount != 1:
+        raise _Rollback(LOST_RACE)
+    return RERUN, lambda _conn: signals.send(
+        signals.job_rerun,
+        row.name,
+        row=row.name,
+        job_id=row.last_job_id,
+        consecutive_failures=failures,
+    )
+
+
+def _fresh(conn: Connection, row: Any, now: datetime, job_defaults: JobDefaults) -> Decided:
+    """Dispatch a new job: its own transaction (one statement on PostgreSQL)."""
+    state = row.job_state
+    max_attempts, queue = job_defaults(row.handler)
+    params = {
+        "p_now": now,
+        "j_handler": row.handler,
+        "j_payload": row.payload,
+        "j_queue": queue,
+        "j_max_attempts": max_attempts,
+        "j_task_name": row.name,
+        "r_id": row.id,
+        "r_version": row.version,
+        "r_failures": 0 if state in (SUCCEEDED, None) else row.consecutive_failures,
+        "r_next_run_at": _cron.next_after(row.cron, row.timezone, now, row.name),
+    }
+    if conn.dialect.name == "postgresql":
+        found = _dispatch_alone(conn, params)
+        if found is None:
+            return LOST_RACE, None
+        job_id = found
+    else:
+        with conn.begin():
+            job_id = _dispatch(conn, params)
+    return DISPATCHED, lambda _conn: signals.send(
         signals.job_dispatched,
         row.name,
         row=row.name,

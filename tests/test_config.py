@@ -207,6 +207,12 @@ INVALID = {
         "at least 0",
     ),
     "huge int": ("[scheduler]\nbatch_size = 9999999999\n", "[scheduler]", "batch_size", "most"),
+    "negative tick connections": (
+        "[scheduler]\ntick_connections = -1\n",
+        "[scheduler]",
+        "tick_connections",
+        "at least 0",
+    ),
     "oversized payload": (
         "[scheduler]\npayload_limit_bytes = 10\n" + TASK + 'payload = { region = "europe-west" }\n',
         "task 'x'",

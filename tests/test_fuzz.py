@@ -248,6 +248,7 @@ SCHEDULER_FIELDS: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]
     "tick_interval": (st.floats(0.1, 5), wrong_or(0, -1.0, math.inf, math.nan, "1s")),
     "timezone": (st.sampled_from(VALID_ZONES), wrong_or(*BAD_ZONES)),
     "batch_size": (st.integers(1, 500), wrong_or(0, -5, 2**40)),
+    "tick_connections": (st.integers(0, 16), wrong_or(-1, 1.5, 2**40)),
     "backoff_base_seconds": (st.floats(1, 60), wrong_or(0, -1, 1e12)),
     "backoff_max_seconds": (st.floats(60, 3600), wrong_or(0, 0.5)),
     "payload_limit_bytes": (st.integers(65536, 100_000), wrong_or(0, -1)),

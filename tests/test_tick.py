@@ -12,6 +12,7 @@ import json
 import logging
 import subprocess
 import sys
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -611,9 +612,14 @@ def stale_snapshot(app: Scheduler, now: datetime) -> Any:
 def run_one(app: Scheduler, snapshot: Any, now: datetime) -> tick_module.TickReport:
     report = tick_module.TickReport()
     with app.store.engine.connect() as conn:
-        tick_module._one(
-            conn, snapshot, now, app.settings.max_consecutive_failures, app._job_defaults, report
+        outcome, after_commit = tick_module._one(
+            conn,
+            snapshot,
+            now=now,
+            global_limit=app.settings.max_consecutive_failures,
+            job_defaults=app._job_defaults,
         )
+        tick_module._settle(conn, snapshot, outcome, after_commit, report)
     return report
 
 
@@ -685,3 +691,81 @@ def test_the_rerun_reset_is_conditional_on_the_job_still_aborted(sched: Schedule
     after = row(sched, "r")  # the row's half of the rerun was rolled back with it
     assert (after.version, after.consecutive_failures, after.next_run_at) == (version, 0, slot(2))
     assert sched.get_job(stale.last_job_id).state == "succeeded"  # type: ignore[union-attr]
+
+
+# --- a batch spread over several connections (PostgreSQL's default; one on SQLite) ----------
+def test_a_mixed_batch_over_several_connections(sched: Scheduler, db_url: str) -> None:
+    """40 due rows of every kind in one batch: each row is decided once, in its own
+    transaction; the report and the signals follow due order; each signal comes after its
+    row's commit (seen from another connection); on PostgreSQL the rows ran on tick threads."""
+    settings(sched, max_consecutive_failures=3, batch_size=100, tick_connections=4)
+    names = {kind: [f"{kind}-{i:02d}" for i in range(10)] for kind in ("fresh", "held", "rerun")}
+    names["disable"] = [f"disable-{i:02d}" for i in range(10)]
+    specs = [spec(n) for n in names["fresh"] + names["held"]]
+    specs += [spec(n, "boom") for n in names["rerun"] + names["disable"]]
+    sched.sync(specs)
+    sched.tick(now=slot(1))  # every row gets its first job
+    at(sched, slot(1))
+    doomed = set(names["rerun"] + names["disable"])
+    with sched.store.begin() as conn:
+        for name in names["fresh"]:  # its job succeeded: a fresh dispatch follows
+            conn.execute(update(jobs).where(jobs.c.task_name == name).values(state="succeeded"))
+        for name in doomed:
+            conn.execute(update(jobs).where(jobs.c.task_name == name).values(state="aborted"))
+        conn.execute(  # two failures already: the third reaches the limit
+            update(rows).where(rows.c.name.in_(names["disable"])).values(consecutive_failures=2)
+        )
+    threads: set[str] = set()
+
+    def where(*_args: Any) -> None:
+        threads.add(threading.current_thread().name)
+
+    committed: list[tuple[str, str, Any]] = []
+
+    def check_committed(sender: str, **kw: Any) -> None:
+        outside = Scheduler(db_url, registry=Registry())
+        try:
+            found = outside.get_row(sender)
+            assert found is not None
+            committed.append((sender, "enabled" if found.enabled else "disabled", found.version))
+        finally:
+            outside.close()
+
+    receivers = (signals.job_dispatched, signals.job_rerun, signals.row_disabled)
+    for signal in receivers:
+        signal.connect(check_committed)
+    event.listen(sched.store.engine, "before_cursor_execute", where)
+    try:
+        with capture_signals(*receivers) as records:
+            report = sched.tick(now=slot(2))
+    finally:
+        event.remove(sched.store.engine, "before_cursor_execute", where)
+        for signal in receivers:
+            signal.disconnect(check_committed)
+
+    all_names = [n for kind in names.values() for n in kind]
+    with sched.store.read() as conn:
+        ids = {name: id_ for name, id_ in conn.execute(select(rows.c.name, rows.c.id))}
+    due_order = sorted(all_names, key=ids.__getitem__)  # one slot: by id
+    assert report.dispatched == names["fresh"]
+    assert report.held_back == names["held"]
+    assert report.rerun == names["rerun"]
+    assert report.disabled == names["disable"]
+    assert report.lost_race == []
+    signalled = [r.sender for r in records]
+    assert signalled == [n for n in due_order if n not in names["held"]]
+    assert len(committed) == 30
+    for sender, state, version in committed:  # the receiver saw the committed row
+        assert state == ("disabled" if sender in names["disable"] else "enabled")
+        assert version == row_version(sched, sender)
+    for name in due_order:
+        assert job_count(sched, name) == (2 if name in names["fresh"] else 1)
+        found = row(sched, name)
+        assert found.enabled == (name not in names["disable"])
+        expected_next = slot(2) if name in names["held"] or name in names["disable"] else slot(3)
+        assert found.next_run_at == expected_next, name
+    lanes = {t for t in threads if t.startswith("scheduler-tick")}
+    if sched.store.engine.dialect.name == "sqlite":
+        assert lanes == set()  # one writer at a time
+    else:
+        assert len(lanes) == 4
