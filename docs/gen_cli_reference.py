@@ -41,8 +41,8 @@ INTRO = """\
 - `enable` on a row that is already enabled changes nothing (the row keeps its failure count
   and its next run), though it prints the same message as on a disabled row.
 - `migrate --revision REV` downgrades when `REV` is older than the current revision or is
-  `base`, dropping what the later revisions added, data included. With `0001` the only
-  revision so far, `--revision base` drops every scheduler table. Back up first.
+  `base`, dropping what the later revisions added, data included. Revision `0001` creates
+  every table, so `--revision base` drops every scheduler table. Back up first.
 - Every command except `migrate` refuses to run on a database whose schema is not at the
   revision this release needs. The message says what to do: run `scheduler migrate` (an
   older schema), or upgrade the package (a newer one). See

@@ -18,6 +18,7 @@ from sqlalchemy import (
     Connection,
     Integer,
     Row,
+    Select,
     String,
     and_,
     bindparam,
@@ -281,13 +282,17 @@ def expired(
     conn: Connection, *, now: datetime, limit: int, queues: Sequence[str] = ("default",)
 ) -> list[Job]:
     """Claimed jobs of ``queues`` whose lease has run out (their worker stopped or stalled)."""
-    stmt = (
+    return [Job.from_row(r) for r in conn.execute(expired_statement(now, limit, queues))]
+
+
+def expired_statement(now: datetime, limit: int, queues: Sequence[str]) -> Select[Any]:
+    # `lease_expires_at <= now` implies IS NOT NULL: the partial lease index serves it.
+    return (
         select(jobs)
         .where(jobs.c.state == CLAIMED, jobs.c.lease_expires_at <= now, jobs.c.queue.in_(queues))
         .order_by(jobs.c.lease_expires_at, jobs.c.id)
         .limit(limit)
     )
-    return [Job.from_row(r) for r in conn.execute(stmt)]
 
 
 def _seize(conn: Connection, job: Job, now: datetime, values: dict[str, Any]) -> bool:
@@ -459,16 +464,21 @@ def counts(conn: Connection) -> dict[str, int]:
     return {state: int(found.get(state, 0)) for state in STATES}
 
 
+def purge_statement(succeeded_before: datetime, aborted_before: datetime) -> Select[Any]:
+    # `finished_at < t` implies IS NOT NULL: the partial finished index serves both branches.
+    in_use = select(rows.c.last_job_id).where(rows.c.last_job_id.is_not(None))
+    return select(jobs.c.id).where(
+        ((jobs.c.state == SUCCEEDED) & (jobs.c.finished_at < succeeded_before))
+        | ((jobs.c.state == ABORTED) & (jobs.c.finished_at < aborted_before)),
+        jobs.c.id.not_in(in_use),
+    )
+
+
 def purge(
     conn: Connection, *, now: datetime, succeeded_after: timedelta, aborted_after: timedelta
 ) -> int:
     """Delete old finished jobs and their history; a job a row still points at is kept."""
-    in_use = select(rows.c.last_job_id).where(rows.c.last_job_id.is_not(None))
-    old = select(jobs.c.id).where(
-        ((jobs.c.state == SUCCEEDED) & (jobs.c.finished_at < now - succeeded_after))
-        | ((jobs.c.state == ABORTED) & (jobs.c.finished_at < now - aborted_after)),
-        jobs.c.id.not_in(in_use),
-    )
+    old = purge_statement(now - succeeded_after, now - aborted_after)
     ids = list(conn.execute(old).scalars())
     deleted = 0
     for start in range(0, len(ids), 500):

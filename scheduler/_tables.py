@@ -18,6 +18,7 @@ from sqlalchemy import (
     Table,
     Text,
     TypeDecorator,
+    text,
 )
 from sqlalchemy.dialects import mysql
 
@@ -60,6 +61,12 @@ UniqueKey = String(200).with_variant(
 # MariaDB/MySQL's TEXT holds 65,535 bytes: one short of the default 64 KiB payload limit.
 Payload = Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
 
+def _where(column: str) -> dict[str, Any]:
+    """A partial index's condition, on the engines that have partial indexes."""
+    condition = text(f"{column} IS NOT NULL")
+    return {"sqlite_where": condition, "postgresql_where": condition}
+
+
 jobs = Table(
     "scheduler_jobs",
     metadata,
@@ -84,8 +91,10 @@ jobs = Table(
     Column("finished_at", UTCDateTime),
     # The claim's scan: lower priority values first (as in Oban), then oldest run_at.
     Index("ix_scheduler_jobs_ready", "state", "queue", "priority", "run_at", "id"),
-    Index("ix_scheduler_jobs_lease", "state", "lease_expires_at"),
-    Index("ix_scheduler_jobs_finished", "state", "finished_at"),
+    # Only jobs with a lease (claimed) or an end (finished) are in these two (revision 0002), so
+    # an enqueue or a dispatch writes no entry in them. MariaDB has no partial indexes.
+    Index("ix_scheduler_jobs_lease", "state", "lease_expires_at", **_where("lease_expires_at")),
+    Index("ix_scheduler_jobs_finished", "state", "finished_at", **_where("finished_at")),
 )
 
 runs = Table(

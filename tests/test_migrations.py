@@ -153,6 +153,119 @@ def test_downgrade_to_base_and_upgrade_again(app: Scheduler):
     assert job is not None and job.payload == {"n": 2}
 
 
+# -- revision 0002: partial lease and finished indexes ----------------------------------------
+def index_conditions(engine: Engine) -> dict[str, str | None]:
+    """The WHERE of the lease and finished indexes as the database reports it (None: full)."""
+    names = ("ix_scheduler_jobs_lease", "ix_scheduler_jobs_finished")
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            found = {
+                name: sql
+                for name, sql in conn.execute(
+                    text("SELECT name, sql FROM sqlite_master WHERE type = 'index'")
+                )
+            }
+        elif engine.dialect.name == "postgresql":
+            found = {
+                name: sql
+                for name, sql in conn.execute(
+                    text(
+                        "SELECT indexname, indexdef FROM pg_indexes"
+                        " WHERE schemaname = current_schema()"
+                    )
+                )
+            }
+        else:  # MariaDB has no partial indexes: an index has no condition to report
+            found = {
+                name: ""
+                for (name,) in conn.execute(
+                    text(
+                        "SELECT DISTINCT index_name FROM information_schema.statistics"
+                        " WHERE table_schema = DATABASE() AND table_name = 'scheduler_jobs'"
+                    )
+                )
+            }
+    result: dict[str, str | None] = {}
+    for name in names:
+        sql = found[name]
+        where = sql.upper().split(" WHERE ", 1)
+        result[name] = where[1].strip() if len(where) == 2 else None
+    return result
+
+
+def test_lease_and_finished_indexes_are_partial_where_the_engine_can(app: Scheduler):
+    engine = app.store.engine
+    app.migrate()
+    partial = engine.dialect.name in ("sqlite", "postgresql")
+    conditions = index_conditions(engine)
+    for name, column in (("lease", "LEASE_EXPIRES_AT"), ("finished", "FINISHED_AT")):
+        condition = conditions[f"ix_scheduler_jobs_{name}"]
+        if partial:
+            assert condition is not None and column in condition and "NOT NULL" in condition
+        else:
+            assert condition is None
+    downgrade(app.store, "0001")  # back to full indexes, then up again
+    assert current_revision(app.store) == "0001"
+    assert set(index_conditions(engine).values()) == {None}
+    app.migrate()
+    assert index_conditions(engine) == conditions
+    assert schema_diff(engine) == []
+
+
+def _explain_with_parameters(app: Scheduler, statement: Any) -> str:
+    """The plan the database picks for `statement` with its values as bound parameters (on
+    PostgreSQL the generic plan a prepared statement ends up with, sequential scans off)."""
+    from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
+
+    engine = app.store.engine
+    if engine.dialect.name == "postgresql":
+        dialect = pg_psycopg.dialect(paramstyle="numeric_dollar")
+        sql = str(statement.compile(dialect=dialect, compile_kwargs={"render_postcompile": True}))
+        with engine.connect() as conn:
+            conn.execute(text("SET enable_seqscan = off"))
+            conn.execute(text("SET plan_cache_mode = force_generic_plan"))
+            conn.exec_driver_sql(f"PREPARE probe AS {sql}")
+            count = sql.count("$")
+            args = ", ".join("NULL" for _ in range(count))
+            plan = conn.exec_driver_sql(f"EXPLAIN EXECUTE probe({args})").scalars().all()
+            conn.exec_driver_sql("DEALLOCATE probe")
+        assert "$1" in sql  # the values really were parameters
+        return "\n".join(plan)
+    compiled = statement.compile(
+        dialect=engine.dialect, compile_kwargs={"render_postcompile": True}
+    )
+    params = tuple(compiled.params[name] for name in compiled.positiontup)
+    params = tuple(
+        p.replace(tzinfo=None).isoformat(" ") if hasattr(p, "tzinfo") else p for p in params
+    )
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}", params).all()
+    assert "?" in str(compiled)
+    return "\n".join(str(r[-1]) for r in rows)
+
+
+@pytest.mark.parametrize("query", ["expired leases", "purge"])
+def test_the_partial_indexes_serve_their_queries_with_bound_parameters(app: Scheduler, query: str):
+    from datetime import UTC, datetime
+
+    from scheduler import _jobs
+
+    app.migrate()
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    if app.store.engine.dialect.name not in ("sqlite", "postgresql"):
+        # MariaDB keeps its full indexes (revision 0002 changes nothing there); the queries run.
+        with app.store.read() as conn:
+            assert conn.execute(_jobs.expired_statement(now, 10, ["default"])).all() == []
+            assert conn.execute(_jobs.purge_statement(now, now)).all() == []
+        return
+    if query == "expired leases":
+        plan = _explain_with_parameters(app, _jobs.expired_statement(now, 10, ["default"]))
+        assert "ix_scheduler_jobs_lease" in plan, plan
+    else:
+        plan = _explain_with_parameters(app, _jobs.purge_statement(now, now))
+        assert "ix_scheduler_jobs_finished" in plan, plan
+
+
 def test_outdated_schema_refuses_to_run_and_says_migrate(empty_url: str):
     never = Scheduler(empty_url, registry=Registry())
     for call in (never.tick, never.work):
