@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -89,6 +91,21 @@ class Store:
             update_returning=bool(getattr(dialect, "update_returning", False)),
             skip_locked=name in ("postgresql", "mysql", "mariadb"),
         )
+        self._helpers: ThreadPoolExecutor | None = None
+        self._helper_threads = 0
+        self._helpers_lock = threading.Lock()
+
+    def helpers(self, threads: int) -> ThreadPoolExecutor:
+        """Threads for work spread over several connections (the tick's lanes), kept between
+        calls: starting threads for every batch would cost more than small batches save."""
+        with self._helpers_lock:
+            pool = self._helpers
+            if pool is None or self._helper_threads < threads:
+                if pool is not None:
+                    pool.shutdown(wait=False)
+                pool = ThreadPoolExecutor(threads, thread_name_prefix="scheduler-tick")
+                self._helpers, self._helper_threads = pool, threads
+            return pool
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
@@ -105,4 +122,8 @@ class Store:
                 yield conn
 
     def dispose(self) -> None:
+        with self._helpers_lock:
+            if self._helpers is not None:
+                self._helpers.shutdown(wait=True)
+                self._helpers = None
         self.engine.dispose()

@@ -61,6 +61,7 @@ UniqueKey = String(200).with_variant(
 # MariaDB/MySQL's TEXT holds 65,535 bytes: one short of the default 64 KiB payload limit.
 Payload = Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
 
+
 def _where(column: str) -> dict[str, Any]:
     """A partial index's condition, on the engines that have partial indexes."""
     condition = text(f"{column} IS NOT NULL")

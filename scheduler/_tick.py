@@ -12,7 +12,6 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -241,7 +240,7 @@ def _swap(conn: Connection, row: Any, now: datetime, **values: Any) -> None:
 # On PostgreSQL a batch's rows are spread over several connections: each row is still its own
 # transaction, and commits waiting on the WAL flush at the same time share it.
 DEFAULT_CONNECTIONS = {"postgresql": 4}
-_ROWS_PER_CONNECTION = 4  # fewer rows than this per connection are not worth a thread
+_ROWS_PER_CONNECTION = 2  # fewer rows than this per connection are not worth a checkout
 
 AfterCommit = Callable[[Connection], object]
 Decided = tuple[str, AfterCommit | None]
@@ -267,51 +266,65 @@ def tick(
     )
     report = TickReport()
     after: tuple[datetime, int] | None = None
-    while True:
-        # A read transaction: an idle tick takes no write lock (SQLite) and 1 statement.
-        with store.read() as reader:
-            batch = _due(reader, now, batch_size, after)
-        lanes = min(connections, len(batch) // _ROWS_PER_CONNECTION)
-        if lanes > 1:
-            _parallel(store, batch, lanes, decide, report)
-        elif batch:
-            with store.engine.connect() as conn:
+    # One connection reads each batch, runs its rows (or the first lane of them) and sends the
+    # signals: a checkout costs a round trip where the pool pings (PostgreSQL, MariaDB).
+    with store.engine.connect() as conn:
+        while True:
+            # A read transaction: an idle tick takes no write lock (SQLite) and 1 statement.
+            conn.execution_options(scheduler_readonly=True)
+            try:
+                with conn.begin():
+                    batch = _due(conn, now, batch_size, after)
+            finally:
+                conn.execution_options(scheduler_readonly=False)
+            lanes = min(connections, len(batch) // _ROWS_PER_CONNECTION)
+            if lanes > 1:
+                _parallel(store, conn, batch, lanes, decide, report)
+            else:
                 for row in batch:
                     outcome, after_commit = decide(conn, row)
                     _settle(conn, row, outcome, after_commit, report)
-        if len(batch) < batch_size:
-            return report
-        after = (batch[-1].next_run_at, batch[-1].id)
+            if len(batch) < batch_size:
+                return report
+            after = (batch[-1].next_run_at, batch[-1].id)
 
 
 def _parallel(
     store: Store,
+    conn: Connection,
     batch: list[Any],
     lanes: int,
     decide: Callable[[Connection, Any], Decided],
     report: TickReport,
 ) -> None:
-    """Rows dealt round-robin to `lanes` connections; outcomes reported (and signals sent) in
-    due order once every lane is done. A lane that fails stops; what the others committed is
-    still reported and signalled before the first failure is raised."""
+    """Rows dealt round-robin to `lanes` connections (this thread runs the first on `conn`);
+    outcomes reported (and signals sent) in due order once every lane is done. A lane that
+    fails stops; what the others committed is still reported and signalled before its error
+    is raised."""
     decided: dict[int, Decided] = {}
+
+    def lane(lane_conn: Connection, part: list[Any]) -> None:
+        for row in part:
+            decided[row.id] = decide(lane_conn, row)
+
+    def helper(part: list[Any]) -> None:
+        with store.engine.connect() as helper_conn:
+            lane(helper_conn, part)
+
+    parts = [batch[k::lanes] for k in range(lanes)]
+    futures = [store.helpers(lanes - 1).submit(helper, part) for part in parts[1:]]
     failures: list[BaseException] = []
-
-    def lane(part: list[Any]) -> None:
-        try:
-            with store.engine.connect() as conn:
-                for row in part:
-                    decided[row.id] = decide(conn, row)
-        except BaseException as exc:  # reported after the other lanes' commits are settled
-            failures.append(exc)
-
-    with ThreadPoolExecutor(lanes, thread_name_prefix="scheduler-tick") as pool:
-        for _ in pool.map(lane, [batch[k::lanes] for k in range(lanes)]):
-            pass
-    with store.engine.connect() as conn:
-        for row in batch:
-            if row.id in decided:
-                _settle(conn, row, *decided[row.id], report)
+    try:
+        lane(conn, parts[0])
+    except BaseException as exc:  # settle the other lanes' commits first
+        failures.append(exc)
+    for future in futures:
+        error = future.exception()
+        if error is not None:
+            failures.append(error)
+    for row in batch:
+        if row.id in decided:
+            _settle(conn, row, *decided[row.id], report)
     if failures:
         raise failures[0]
 
