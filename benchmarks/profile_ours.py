@@ -15,8 +15,8 @@ and each distinct statement with its count per unit.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import cProfile
+import dataclasses
 import pstats
 import re
 from datetime import UTC, datetime, timedelta

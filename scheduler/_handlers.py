@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ._jobs import check_text
+
 HandlerFunc = Callable[[Any], Any]
 AbandonedHook = Callable[[Any], Any]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -37,6 +39,10 @@ class Registry:
     def add(self, handler: Handler) -> None:
         if handler.max_attempts < 1:
             raise ValueError(f"handler {handler.name!r}: max_attempts must be at least 1")
+        try:  # every job it makes carries both: refuse at registration, not at the first job
+            check_text(handler=handler.name, queue=handler.queue)
+        except ValueError as exc:
+            raise ValueError(f"handler {handler.name[:40]!r}: {exc}") from None
         self._handlers[handler.name] = handler
 
     def handler(

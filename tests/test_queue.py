@@ -763,16 +763,20 @@ def test_over_long_handler_queue_or_dedupe_key_is_refused_before_the_database(
     assert job_count(app) == 1
 
 
-def test_a_handlers_over_long_default_queue_is_refused_at_enqueue(
+def test_a_handler_with_an_over_long_name_or_queue_is_refused_at_registration(
     make_app: Callable[..., Scheduler],
 ):
+    """Every job the handler makes (enqueued or dispatched by the tick) carries both, so they
+    are checked when the handler is registered, not when its first job is written."""
     app = make_app()
-    app.handler("long.queue", queue="q" * 101)(lambda job: None)
-    with pytest.raises(ValueError, match=r"^queue is 101 characters, over the 100-character"):
-        app.enqueue("long.queue")
-    assert job_count(app) == 0
-    job = app.get_job(app.enqueue("long.queue", queue="q" * 100))
+    with pytest.raises(ValueError, match=r"queue is 101 characters, over the 100-character"):
+        app.handler("long.queue", queue="q" * 101)(lambda job: None)
+    with pytest.raises(ValueError, match=r"handler is 201 characters, over the 200-character"):
+        app.handler("h" * 201)(lambda job: None)
+    app.handler("long.queue", queue="q" * 100)(lambda job: None)  # at the limit: fine
+    job = app.get_job(app.enqueue("long.queue"))
     assert job is not None and job.queue == "q" * 100
+    assert job_count(app) == 1
 
 
 # -- error messages stay out of the database ---------------------------------------------------

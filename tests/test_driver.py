@@ -1,0 +1,102 @@
+"""The tick's hot path runs on the driver's cursor (scheduler/_driver.py): the same values, the
+same events and the same exceptions as ``Connection.execute``, on every engine."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import bindparam, create_engine, event, insert, select, text
+from sqlalchemy.exc import DBAPIError, IntegrityError
+
+from scheduler import Scheduler
+from scheduler._driver import Prepared, PreparedSet
+from scheduler._tables import UTCDateTime, jobs
+
+NOW = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+
+INSERT = insert(jobs).values(
+    handler=bindparam("p_handler", type_=jobs.c.handler.type),
+    payload=bindparam("p_payload", type_=jobs.c.payload.type),
+    queue=bindparam("p_queue", type_=jobs.c.queue.type),
+    priority=bindparam("p_priority", type_=jobs.c.priority.type),
+    run_at=bindparam("p_now", type_=UTCDateTime()),
+    state=bindparam("p_state", type_=jobs.c.state.type),
+    attempts=bindparam("p_attempts", type_=jobs.c.attempts.type),
+    max_attempts=bindparam("p_attempts", type_=jobs.c.max_attempts.type),
+    created_at=bindparam("p_now", type_=UTCDateTime()),
+)
+VALUES = {
+    "p_handler": "h",
+    "p_payload": "{}",
+    "p_queue": "default",
+    "p_priority": 0,
+    "p_now": NOW,
+    "p_state": "queued",
+    "p_attempts": 1,
+}
+
+
+def test_values_go_through_the_column_types_and_events_fire(app: Scheduler) -> None:
+    seen: list[str] = []
+
+    def before(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        seen.append(statement)
+
+    event.listen(app.store.engine, "before_cursor_execute", before)
+    try:
+        with app.store.engine.connect() as conn, conn.begin():
+            PreparedSet(lambda _dialect: INSERT).on(conn).run(conn, VALUES)
+    finally:
+        event.remove(app.store.engine, "before_cursor_execute", before)
+    assert [s for s in seen if s.lstrip().upper().startswith("INSERT")] != []
+    with app.store.read() as conn:
+        [(run_at, created_at, max_attempts)] = conn.execute(
+            select(jobs.c.run_at, jobs.c.created_at, jobs.c.max_attempts)
+        ).all()
+    # the same instant back, microseconds kept, aware UTC: what Core's execute would store
+    assert run_at == created_at == NOW
+    assert max_attempts == 1
+    with app.store.read() as conn:  # stored as Core stores it: Core's own comparison finds it
+        found = conn.execute(select(jobs.c.id).where(jobs.c.run_at == NOW)).scalars().all()
+    assert len(found) == 1
+
+
+def test_driver_errors_are_sqlalchemys_and_the_connection_recovers(app: Scheduler) -> None:
+    prepared = PreparedSet(lambda _dialect: INSERT)
+    with app.store.engine.connect() as conn:
+        with pytest.raises(IntegrityError), conn.begin():  # NOT NULL handler
+            prepared.on(conn).run(conn, {**VALUES, "p_handler": None})
+        assert not conn.invalidated
+        with conn.begin():
+            prepared.on(conn).run(conn, VALUES)
+    with app.store.read() as conn:
+        assert conn.execute(select(jobs.c.handler)).scalars().all() == ["h"]
+
+
+def test_a_lost_connection_invalidates_it(pg_url: str) -> None:
+    app = Scheduler(pg_url)
+    try:
+        prepared = PreparedSet(lambda _dialect: INSERT)
+        with app.store.engine.connect() as conn:
+            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            conn.commit()
+            killer = create_engine(pg_url)
+            with killer.connect() as other:
+                other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            killer.dispose()
+            with pytest.raises(DBAPIError) as info:
+                prepared.on(conn).run_alone(conn, VALUES)
+            assert info.value.connection_invalidated
+            assert conn.invalidated
+        assert app.enqueue("h", {}) > 0  # the pool hands out a fresh connection
+    finally:
+        app.close()
+
+
+def test_only_plain_named_parameters_are_accepted() -> None:
+    from sqlalchemy.dialects import sqlite
+
+    with pytest.raises(ValueError, match="plain required bindparam"):
+        Prepared(select(jobs.c.id).where(jobs.c.id == 5), sqlite.dialect())
