@@ -8,6 +8,7 @@ locked"). Capability flags are detected once per engine; correctness never depen
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -93,6 +94,7 @@ class Store:
         )
         self._helpers: ThreadPoolExecutor | None = None
         self._helper_threads = 0
+        self._helper_pid = 0
         self._helpers_lock = threading.Lock()
 
     def helpers(self, threads: int) -> ThreadPoolExecutor:
@@ -100,11 +102,14 @@ class Store:
         calls: starting threads for every batch would cost more than small batches save."""
         with self._helpers_lock:
             pool = self._helpers
+            if pool is not None and self._helper_pid != os.getpid():
+                pool = None  # a forked child: the parent's threads do not exist here
             if pool is None or self._helper_threads < threads:
                 if pool is not None:
                     pool.shutdown(wait=False)
                 pool = ThreadPoolExecutor(threads, thread_name_prefix="scheduler-tick")
                 self._helpers, self._helper_threads = pool, threads
+                self._helper_pid = os.getpid()
             return pool
 
     @contextmanager

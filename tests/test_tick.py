@@ -769,3 +769,41 @@ def test_a_mixed_batch_over_several_connections(sched: Scheduler, db_url: str) -
         assert lanes == set()  # one writer at a time
     else:  # four connections: the ticking thread's own and three helper threads
         assert len(lanes) == 3
+
+
+def test_a_forked_child_ticks_over_several_connections(pg_url: str) -> None:
+    """The tick's helper threads belong to the process that started them: a child forked
+    after a tick (a pre-forking server) starts its own instead of waiting on its parent's."""
+    import os
+    import signal
+    import time
+
+    app = Scheduler(pg_url, registry=Registry())
+    app.handler("ok")(lambda job: None)
+    try:
+        app.sync([spec(f"r{i}") for i in range(12)])
+        assert len(app.tick(now=slot(1)).dispatched) == 12  # helper threads now exist
+        with app.store.begin() as conn:
+            conn.execute(update(jobs).values(state="succeeded"))
+        pid = os.fork()
+        if pid == 0:  # the child: new connections (SQLAlchemy's advice after fork), then tick
+            code = 1
+            try:
+                app.store.engine.dispose(close=False)
+                code = 0 if len(app.tick(now=slot(2)).dispatched) == 12 else 2
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's tick hung")
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert job_count(app, "r0") == 2
+    finally:
+        app.close()
