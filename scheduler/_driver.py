@@ -28,7 +28,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 class Prepared:
     """One statement compiled for one dialect, run on the cursor of a Connection."""
 
-    __slots__ = ("_dialect", "_names", "_positional", "_processors", "sql")
+    __slots__ = ("_dialect", "_names", "_positional", "_prepare", "_processors", "sql")
 
     def __init__(self, statement: ClauseElement, dialect: Dialect) -> None:
         compiled = statement.compile(dialect=dialect)
@@ -38,6 +38,7 @@ class Prepared:
                 raise ValueError(f"parameter {name!r} must be a plain required bindparam")
         self.sql = compiled.string
         self._dialect = dialect
+        self._prepare = dialect.driver == "psycopg"
         self._positional = dialect.positional
         if self._positional:
             self._names: tuple[str, ...] = tuple(compiled.positiontup or ())
@@ -67,7 +68,17 @@ class Prepared:
             for listener in dispatch.before_cursor_execute:
                 listener(conn, cursor, self.sql, arguments, None, False)
         try:
-            cursor.execute(self.sql, arguments)
+            if self._prepare:
+                # psycopg prepares a statement server-side after 5 runs on one connection; a
+                # tick spreads a few rows over several connections, so that could take many
+                # ticks, each paying parse and plan. Prepare at once, unless the connection
+                # has preparing turned off (prepare_threshold=None, as behind PgBouncer).
+                driver: Any = proxied.driver_connection
+                prepare = True if driver.prepare_threshold is not None else None
+                psycopg_cursor: Any = cursor
+                psycopg_cursor.execute(self.sql, arguments, prepare=prepare)
+            else:
+                cursor.execute(self.sql, arguments)
         except self._dialect.loaded_dbapi.Error as exc:
             lost = self._dialect.is_disconnect(exc, proxied.dbapi_connection, cursor)
             if lost:

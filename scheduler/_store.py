@@ -11,6 +11,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -19,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 
 log = logging.getLogger(__name__)
 
@@ -61,19 +62,46 @@ def _sqlite_hooks(engine: Engine) -> None:
             ) from exc
 
 
+# A pooled connection idle for longer than this is pinged before it is handed out. One used
+# more recently is handed out as it is: pinging every checkout (pool_pre_ping) cost a round
+# trip, 0.12 ms here, on every checkout of a busy worker. If the server went away since, the
+# first statement fails with a disconnect error; SQLAlchemy then invalidates the whole pool,
+# so each process sees that error once, and the worker retries after its back-off.
+IDLE_PING_SECONDS = 1.0
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    dialect = engine.dialect
+
+    @event.listens_for(engine.pool, "checkin")
+    def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        if record is not None:
+            record.info["scheduler_checked_in"] = time.monotonic()
+
+    @event.listens_for(engine.pool, "checkout")
+    def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        checked_in = record.info.get("scheduler_checked_in")
+        if checked_in is not None and time.monotonic() - checked_in <= IDLE_PING_SECONDS:
+            return
+        try:
+            dialect.do_ping(dbapi_connection)
+        except dialect.loaded_dbapi.Error as exc:  # the pool discards it and connects anew
+            raise DisconnectionError(f"connection lost while idle: {exc}") from exc
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """Create an engine with our per-dialect settings."""
     parsed = make_url(url)
     backend = parsed.get_backend_name()
     options: dict[str, Any] = {}
     if backend in ("mysql", "mariadb"):
-        options.update(pool_pre_ping=True, pool_recycle=3600)
-    elif backend == "postgresql":
-        options.update(pool_pre_ping=True)
+        options.update(pool_recycle=3600)
     options.update(kwargs)
     engine = create_engine(parsed, **options)
     if backend == "sqlite":
         _sqlite_hooks(engine)
+    elif not options.get("pool_pre_ping"):
+        _ping_when_idle(engine)
     return engine
 
 
