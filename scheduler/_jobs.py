@@ -282,17 +282,22 @@ def expired(
     conn: Connection, *, now: datetime, limit: int, queues: Sequence[str] = ("default",)
 ) -> list[Job]:
     """Claimed jobs of ``queues`` whose lease has run out (their worker stopped or stalled)."""
-    return [Job.from_row(r) for r in conn.execute(expired_statement(now, limit, queues))]
+    params = {"p_now": now, "p_limit": limit, "p_queues": list(queues)}
+    return [Job.from_row(r) for r in conn.execute(EXPIRED, params)]
 
 
-def expired_statement(now: datetime, limit: int, queues: Sequence[str]) -> Select[Any]:
-    # `lease_expires_at <= now` implies IS NOT NULL: the partial lease index serves it.
-    return (
-        select(jobs)
-        .where(jobs.c.state == CLAIMED, jobs.c.lease_expires_at <= now, jobs.c.queue.in_(queues))
-        .order_by(jobs.c.lease_expires_at, jobs.c.id)
-        .limit(limit)
+# The worker looks for expired leases before every claim: built once, like the claim.
+# `lease_expires_at <= now` implies IS NOT NULL: the partial lease index serves it.
+EXPIRED = (
+    select(jobs)
+    .where(
+        jobs.c.state == CLAIMED,
+        jobs.c.lease_expires_at <= _P("p_now", type_=jobs.c.lease_expires_at.type),
+        jobs.c.queue.in_(_P("p_queues", expanding=True)),
     )
+    .order_by(jobs.c.lease_expires_at, jobs.c.id)
+    .limit(_P("p_limit", type_=Integer))
+)
 
 
 def _seize(conn: Connection, job: Job, now: datetime, values: dict[str, Any]) -> bool:

@@ -272,8 +272,10 @@ def documents(draw: st.DrawFn) -> tuple[str, bool]:
     mode = draw(st.sampled_from(["valid", "one", "valid", "one", "many", "syntax"]))
     many = mode == "many"
 
-    def table(fields: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]],
-              required: tuple[str, ...] = ()) -> dict[str, Any]:
+    def table(
+        fields: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]],
+        required: tuple[str, ...] = (),
+    ) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, (good, bad) in fields.items():
             if key in required or draw(st.booleans()):
@@ -333,7 +335,7 @@ def documents(draw: st.DrawFn) -> tuple[str, bool]:
         if draw(st.booleans()):
             text = text[:at]  # cut short
         else:
-            junk = draw(st.text(alphabet='[]{}="\n#.,\\\'\x00\x7f \t', min_size=1, max_size=4))
+            junk = draw(st.text(alphabet="[]{}=\"\n#.,\\'\x00\x7f \t", min_size=1, max_size=4))
             text = text[:at] + junk + text[at:]
     return text, mode == "valid"
 

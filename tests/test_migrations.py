@@ -212,7 +212,7 @@ def test_lease_and_finished_indexes_are_partial_where_the_engine_can(app: Schedu
     assert schema_diff(engine) == []
 
 
-def _explain_with_parameters(app: Scheduler, statement: Any) -> str:
+def _explain_with_parameters(app: Scheduler, statement: Any, params: dict[str, Any]) -> str:
     """The plan the database picks for `statement` with its values as bound parameters (on
     PostgreSQL the generic plan a prepared statement ends up with, sequential scans off)."""
     from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
@@ -220,28 +220,24 @@ def _explain_with_parameters(app: Scheduler, statement: Any) -> str:
     engine = app.store.engine
     if engine.dialect.name == "postgresql":
         dialect = pg_psycopg.dialect(paramstyle="numeric_dollar")
-        sql = str(statement.compile(dialect=dialect, compile_kwargs={"render_postcompile": True}))
+        sql = statement.compile(dialect=dialect).construct_expanded_state(params).statement
         with engine.connect() as conn:
             conn.execute(text("SET enable_seqscan = off"))
             conn.execute(text("SET plan_cache_mode = force_generic_plan"))
             conn.exec_driver_sql(f"PREPARE probe AS {sql}")
-            count = sql.count("$")
-            args = ", ".join("NULL" for _ in range(count))
+            args = ", ".join("NULL" for _ in range(sql.count("$")))
             plan = conn.exec_driver_sql(f"EXPLAIN EXECUTE probe({args})").scalars().all()
             conn.exec_driver_sql("DEALLOCATE probe")
         assert "$1" in sql  # the values really were parameters
         return "\n".join(plan)
-    compiled = statement.compile(
-        dialect=engine.dialect, compile_kwargs={"render_postcompile": True}
-    )
-    params = tuple(compiled.params[name] for name in compiled.positiontup)
-    params = tuple(
-        p.replace(tzinfo=None).isoformat(" ") if hasattr(p, "tzinfo") else p for p in params
-    )
+    expanded = statement.compile(dialect=engine.dialect).construct_expanded_state(params)
+    values = [expanded.parameters[name] for name in expanded.positiontup or ()]
+    values = [v.replace(tzinfo=None).isoformat(" ") if hasattr(v, "tzinfo") else v for v in values]
     with engine.connect() as conn:
-        rows = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}", params).all()
-    assert "?" in str(compiled)
-    return "\n".join(str(r[-1]) for r in rows)
+        rows = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {expanded.statement}", tuple(values))
+        plan = [str(r[-1]) for r in rows]
+    assert "?" in expanded.statement
+    return "\n".join(plan)
 
 
 @pytest.mark.parametrize("query", ["expired leases", "purge"])
@@ -252,17 +248,23 @@ def test_the_partial_indexes_serve_their_queries_with_bound_parameters(app: Sche
 
     app.migrate()
     now = datetime(2030, 1, 1, tzinfo=UTC)
+    expired = {"p_now": now, "p_limit": 10, "p_queues": ["default"]}
     if app.store.engine.dialect.name not in ("sqlite", "postgresql"):
         # MariaDB keeps its full indexes (revision 0002 changes nothing there); the queries run.
         with app.store.read() as conn:
-            assert conn.execute(_jobs.expired_statement(now, 10, ["default"])).all() == []
+            assert (
+                conn.execute(
+                    _jobs.EXPIRED.params(p_now=now, p_limit=10, p_queues=["default"])
+                ).all()
+                == []
+            )
             assert conn.execute(_jobs.purge_statement(now, now)).all() == []
         return
     if query == "expired leases":
-        plan = _explain_with_parameters(app, _jobs.expired_statement(now, 10, ["default"]))
+        plan = _explain_with_parameters(app, _jobs.EXPIRED, expired)
         assert "ix_scheduler_jobs_lease" in plan, plan
     else:
-        plan = _explain_with_parameters(app, _jobs.purge_statement(now, now))
+        plan = _explain_with_parameters(app, _jobs.purge_statement(now, now), {})
         assert "ix_scheduler_jobs_finished" in plan, plan
 
 

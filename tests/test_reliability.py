@@ -92,7 +92,9 @@ def die_while_alerting(url: str, now: datetime) -> str:
     """Tick in a process that dies inside its row_disabled receiver; return the alert_id."""
     done = subprocess.run(
         [sys.executable, "-c", DIE_IN_RECEIVER, url, now.isoformat()],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
@@ -180,7 +182,11 @@ def test_the_worker_delivers_an_orphaned_alert_at_start_up(db_url_sp: str, tmp_p
     def worker_once() -> None:
         done = subprocess.run(
             [sys.executable, "-m", "scheduler.cli", "--config", str(config), "worker", "--once"],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert done.returncode == 0, done.stderr
         assert "Traceback" not in done.stderr, done.stderr
@@ -201,9 +207,9 @@ def test_an_undelivered_alert_is_redelivered_with_the_same_id(db_url_sp: str) ->
     try:
         with app.store.begin() as conn:  # make it old enough for a real-time sweep
             conn.execute(
-                update(rows).where(rows.c.name == ROW).values(
-                    disabled_at=datetime.now(UTC) - timedelta(minutes=5)
-                )
+                update(rows)
+                .where(rows.c.name == ROW)
+                .values(disabled_at=datetime.now(UTC) - timedelta(minutes=5))
             )
     finally:
         app.close()
@@ -220,8 +226,9 @@ def test_an_undelivered_alert_is_redelivered_with_the_same_id(db_url_sp: str) ->
         Scheduler(sys.argv[1], registry=Registry()).deliver_pending_alerts()
         """
     )
-    done = subprocess.run([sys.executable, "-c", sweep, db_url_sp], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", sweep, db_url_sp], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 1, done.stderr
     assert stored_alert(db_url_sp) == (alert_id, False)
     app = Scheduler(db_url_sp, registry=Registry())
@@ -242,7 +249,13 @@ def must_be_zero(figures: list[Any], notes: list[str]) -> None:
 
 def test_two_processes_race_their_ticks(pg_url: str, tmp_path: Path) -> None:
     figures, notes = racing_schedulers.run(
-        pg_url, processes=2, seconds=4, rows=24, concurrency=4, prepare=False, out=tmp_path,
+        pg_url,
+        processes=2,
+        seconds=4,
+        rows=24,
+        concurrency=4,
+        prepare=False,
+        out=tmp_path,
         verbose=False,
     )
     must_be_zero(figures, notes)
