@@ -167,11 +167,14 @@ class Worker:
         self._tick()
         while not self._stopping:
             self._wake.clear()
-            self._fill(pool)
+            submitted = self._fill(pool)
             with self._lock:
-                if not self._running:
+                # Done only when a fill looked and found nothing: short jobs can finish (and
+                # leave _running) before this check while more wait in the queue.
+                if submitted == 0 and not self._running:
                     break
-            self._wake.wait(POLL_SECONDS)
+            if not submitted:
+                self._wake.wait(POLL_SECONDS)
         self._housekeeping()
 
     def _tick(self) -> None:
@@ -193,16 +196,18 @@ class Worker:
             return min(self.concurrency * PREFETCH_FACTOR, MAX_CLAIM)
         return self.concurrency
 
-    def _fill(self, pool: ThreadPoolExecutor) -> None:
-        """Take over stopped jobs first, then claim ready ones up to capacity."""
+    def _fill(self, pool: ThreadPoolExecutor) -> int | None:
+        """Take over stopped jobs first, then claim ready ones up to capacity; return how
+        many jobs were handed to the threads (None: no free slot, nothing looked for)."""
         with self._lock:
             free = self._capacity() - len(self._running)
         if free <= 0 or self._stopping:
-            return
+            return None
         taken = self.runner.take_over(limit=free)
         self._submit(pool, taken)  # before claiming: a failed claim must not strand them
-        if len(taken) < free:
-            self._submit(pool, self.runner.claim(free - len(taken)))
+        claimed = self.runner.claim(free - len(taken)) if len(taken) < free else []
+        self._submit(pool, claimed)
+        return len(taken) + len(claimed)
 
     def _submit(self, pool: ThreadPoolExecutor, jobs: list[Job]) -> None:
         for job in jobs:

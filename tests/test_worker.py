@@ -307,3 +307,31 @@ def test_the_example_configuration_alerts(
         " (last error upstream_unavailable)"
     ]
     app.close()
+
+
+class _ChecksLate(Worker):
+    """A worker whose jobs all finish between a fill and the loop's "anything left?" check:
+    what fast jobs on many threads sometimes do (the scheduling of threads made real)."""
+
+    def _fill(self, pool: Any) -> int | None:
+        submitted = super()._fill(pool)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._running:
+                    break
+            time.sleep(0.001)
+        return submitted
+
+
+def test_once_drains_every_ready_job_even_when_each_batch_ends_before_the_check(
+    app: Scheduler,
+) -> None:
+    app.handler("fast", retry_safe=True)(lambda job: None)
+    for _ in range(30):
+        app.enqueue("fast", {})
+    result = _ChecksLate(app, concurrency=2).run(once=True)
+    assert result.handled == 30
+    with app.store.read() as conn:
+        states = conn.execute(text("SELECT state, count(*) FROM scheduler_jobs GROUP BY state"))
+        assert dict(states.all()) == {"succeeded": 30}
