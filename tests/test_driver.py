@@ -103,49 +103,56 @@ def test_only_plain_named_parameters_are_accepted() -> None:
 
 
 # -- pooled connections: pinged only after they sat idle -----------------------------------
-def _kill_pooled_backends(app: Scheduler, pg_url: str) -> None:
-    """Terminate the server side of every connection the app's pool holds."""
+@pytest.fixture(params=["postgresql", "mariadb"])
+def server_url(request: pytest.FixtureRequest, tmp_path: Any, sqlite_template: Any) -> str:
+    from conftest import make_url
+
+    return make_url(request.param, tmp_path, sqlite_template)
+
+
+def _kill_pooled_backends(app: Scheduler, url: str) -> None:
+    """End, from another session, the server side of the connection the app's pool holds."""
+    postgres = app.store.engine.dialect.name == "postgresql"
     with app.store.engine.connect() as conn:
-        mine = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
-    killer = create_engine(pg_url)
+        me = conn.execute(
+            text("SELECT pg_backend_pid()" if postgres else "SELECT CONNECTION_ID()")
+        ).scalar_one()
+    killer = create_engine(url)
     try:
         with killer.connect() as other:
-            other.execute(
-                text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE datname = current_database() AND pid = :pid"
-                ),
-                {"pid": mine},
-            )
+            if postgres:
+                other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": me})
+            else:
+                other.execute(text(f"KILL {int(me)}"))
     finally:
         killer.dispose()
 
 
 def test_an_idle_pooled_connection_is_pinged_and_replaced(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
+    server_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from scheduler import _store
 
     monkeypatch.setattr(_store, "IDLE_PING_SECONDS", 0.0)  # every checkout counts as idle
-    app = Scheduler(pg_url)
+    app = Scheduler(server_url)
     try:
         app.enqueue("h", {})
-        _kill_pooled_backends(app, pg_url)
+        _kill_pooled_backends(app, server_url)
         assert app.enqueue("h", {}) > 0  # the ping found it dead; the pool connected anew
     finally:
         app.close()
 
 
-def test_a_recently_used_connection_is_not_pinged_and_fails_once(pg_url: str) -> None:
+def test_a_recently_used_connection_is_not_pinged_and_fails_once(server_url: str) -> None:
     """The trade against pinging every checkout: a connection back in the pool for under
     IDLE_PING_SECONDS is handed out unchecked. If the server dropped it meanwhile, that one
     operation fails with a disconnect error, the whole pool is invalidated, the next works."""
     from sqlalchemy.exc import OperationalError
 
-    app = Scheduler(pg_url)
+    app = Scheduler(server_url)
     try:
         app.enqueue("h", {})
-        _kill_pooled_backends(app, pg_url)
+        _kill_pooled_backends(app, server_url)
         with pytest.raises(OperationalError) as info:
             app.enqueue("h", {})
         assert info.value.connection_invalidated
