@@ -20,9 +20,29 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import Connection, Dialect
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
+
+
+def driver_error(
+    conn: Connection, statement: str, arguments: Any, exc: Exception, cursor: Any = None
+) -> StatementError:
+    """The SQLAlchemy exception ``Connection.execute`` would raise for the driver's `exc`;
+    a lost connection is invalidated first, so the pool replaces it."""
+    dialect = conn.dialect
+    error: Any = exc  # one of the driver's DB-API errors
+    lost = dialect.is_disconnect(error, conn.connection.dbapi_connection, cursor)
+    if lost:
+        conn.invalidate(exc)
+    return DBAPIError.instance(
+        statement,
+        arguments,
+        exc,
+        dialect.loaded_dbapi.Error,
+        connection_invalidated=lost,
+        dialect=dialect,
+    )
 
 
 class Prepared:
@@ -80,17 +100,7 @@ class Prepared:
             else:
                 cursor.execute(self.sql, arguments)
         except self._dialect.loaded_dbapi.Error as exc:
-            lost = self._dialect.is_disconnect(exc, proxied.dbapi_connection, cursor)
-            if lost:
-                conn.invalidate(exc)
-            raise DBAPIError.instance(
-                self.sql,
-                arguments,
-                exc,
-                self._dialect.loaded_dbapi.Error,
-                connection_invalidated=lost,
-                dialect=self._dialect,
-            ) from exc
+            raise driver_error(conn, self.sql, arguments, exc, cursor) from exc
         if dispatch.after_cursor_execute:
             for listener in dispatch.after_cursor_execute:
                 listener(conn, cursor, self.sql, arguments, None, False)

@@ -20,7 +20,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, DisconnectionError
+from sqlalchemy.exc import DisconnectionError
+
+from ._driver import driver_error
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +59,7 @@ def _sqlite_hooks(engine: Engine) -> None:
         try:
             driver.execute(statement)
         except sqlite3.Error as exc:  # "database is locked" past the busy timeout
-            raise DBAPIError.instance(
-                statement, (), exc, sqlite3.Error, dialect=conn.dialect
-            ) from exc
+            raise driver_error(conn, statement, (), exc) from exc
 
 
 # A pooled connection idle for longer than this is pinged before it is handed out. One used
@@ -149,10 +149,19 @@ class Store:
     @contextmanager
     def read(self) -> Iterator[Connection]:
         """A read-only transaction (a plain deferred ``BEGIN`` on SQLite)."""
-        with self.engine.connect() as conn:
-            conn = conn.execution_options(scheduler_readonly=True)
+        with self.engine.connect() as conn, self.reading(conn):
+            yield conn
+
+    @contextmanager
+    def reading(self, conn: Connection) -> Iterator[Connection]:
+        """A read-only transaction on a connection the caller holds (and goes on using for
+        writes afterwards)."""
+        conn.execution_options(scheduler_readonly=True)
+        try:
             with conn.begin():
                 yield conn
+        finally:
+            conn.execution_options(scheduler_readonly=False)
 
     def dispose(self) -> None:
         with self._helpers_lock:

@@ -19,7 +19,6 @@ from typing import Any
 from sqlalchemy import (
     Connection,
     Integer,
-    String,
     and_,
     bindparam,
     func,
@@ -32,12 +31,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql import ClauseElement
 
-from . import _cron, signals
+from . import _cron, _jobs, signals
 from ._alerts import Alert, cause, deliver
 from ._driver import PreparedSet
 from ._jobs import ABORTED, CLAIMED, QUEUED, SUCCEEDED
 from ._store import Store
-from ._tables import UTCDateTime, jobs, rows
+from ._tables import jobs, rows
 
 log = logging.getLogger(__name__)
 
@@ -134,27 +133,18 @@ _RESET_JOB = (
 )
 
 
-# A fresh dispatch, the tick's hot path, runs on the driver's cursor (see _driver.py).
+# A fresh dispatch, the tick's hot path, runs on the driver's cursor (see _driver.py). The job's
+# values are _jobs.new_job_values', each a parameter named "j_" + its column.
 _JOB_COLUMNS: tuple[str, ...] = ("handler", "payload", "queue", "priority", "run_at", "state")
 _JOB_COLUMNS += ("attempts", "max_attempts", "dedupe_key", "task_name", "created_at")
-_JOB_PARAMS = {
-    "handler": _P("j_handler", type_=jobs.c.handler.type),
-    "payload": _P("j_payload", type_=jobs.c.payload.type),
-    "queue": _P("j_queue", type_=jobs.c.queue.type),
-    "priority": literal_column("0"),
-    "run_at": _P("p_now", type_=UTCDateTime()),
-    "state": literal_column(f"'{QUEUED}'", String),
-    "attempts": literal_column("0"),
-    "max_attempts": _P("j_max_attempts", type_=Integer),
-    "dedupe_key": literal_column("NULL"),
-    "task_name": _P("j_task_name", type_=jobs.c.task_name.type),
-    "created_at": _P("p_now", type_=UTCDateTime()),
-}
+_JOB_PARAMS = {c: _P(f"j_{c}", type_=jobs.c[c].type) for c in _JOB_COLUMNS}
+# Where the compare-and-swap and the job's INSERT are one statement (data-modifying CTEs).
+_ONE_STATEMENT = frozenset({"postgresql"})
 _SWAP_VALUES = {
     "version": rows.c.version + literal_column("1"),
-    "updated_at": _P("p_now", type_=UTCDateTime()),
-    "consecutive_failures": _P("r_failures", type_=Integer),
-    "next_run_at": _P("r_next_run_at", type_=UTCDateTime()),
+    "updated_at": _P("p_now", type_=rows.c.updated_at.type),
+    "consecutive_failures": _P("r_failures", type_=rows.c.consecutive_failures.type),
+    "next_run_at": _P("r_next_run_at", type_=rows.c.next_run_at.type),
 }
 _SWAP_WHERE = (
     rows.c.id == _P("r_id", type_=rows.c.id.type),
@@ -163,7 +153,7 @@ _SWAP_WHERE = (
 
 
 def _build_dispatch(dialect: str) -> ClauseElement:
-    if dialect == "postgresql":
+    if dialect in _ONE_STATEMENT:
         # One statement, so one round trip: the compare-and-swap takes the job's id from the
         # jobs sequence, and the INSERT runs only for the row it returns (none if the swap lost).
         sequence: Any = literal_column("pg_get_serial_sequence('scheduler_jobs', 'id')")
@@ -177,7 +167,7 @@ def _build_dispatch(dialect: str) -> ClauseElement:
         source = select(swapped.c.last_job_id, *(_JOB_PARAMS[c] for c in _JOB_COLUMNS))
         columns = [jobs.c.id, *(jobs.c[c] for c in _JOB_COLUMNS)]
         return insert(jobs).from_select(columns, source).returning(jobs.c.id)
-    return insert(jobs).values({c: _JOB_PARAMS[c] for c in _JOB_COLUMNS})
+    return insert(jobs).values(_JOB_PARAMS)
 
 
 def _build_dispatch_swap(_dialect: str) -> ClauseElement:
@@ -271,12 +261,8 @@ def tick(
     with store.engine.connect() as conn:
         while True:
             # A read transaction: an idle tick takes no write lock (SQLite) and 1 statement.
-            conn.execution_options(scheduler_readonly=True)
-            try:
-                with conn.begin():
-                    batch = _due(conn, now, batch_size, after)
-            finally:
-                conn.execution_options(scheduler_readonly=False)
+            with store.reading(conn):
+                batch = _due(conn, now, batch_size, after)
             lanes = min(connections, len(batch) // _ROWS_PER_CONNECTION)
             if lanes > 1:
                 _parallel(store, conn, batch, lanes, decide, report)
@@ -312,7 +298,8 @@ def _parallel(
             lane(helper_conn, part)
 
     parts = [batch[k::lanes] for k in range(lanes)]
-    futures = [store.helpers(lanes - 1).submit(helper, part) for part in parts[1:]]
+    helpers = store.helpers(lanes - 1)
+    futures = [helpers.submit(helper, part) for part in parts[1:]]
     failures: list[BaseException] = []
     try:
         lane(conn, parts[0])
@@ -424,19 +411,23 @@ def _fresh(conn: Connection, row: Any, now: datetime, job_defaults: JobDefaults)
     """Dispatch a new job: its own transaction (one statement on PostgreSQL)."""
     state = row.job_state
     max_attempts, queue = job_defaults(row.handler)
-    params = {
-        "p_now": now,
-        "j_handler": row.handler,
-        "j_payload": row.payload,
-        "j_queue": queue,
-        "j_max_attempts": max_attempts,
-        "j_task_name": row.name,
-        "r_id": row.id,
-        "r_version": row.version,
-        "r_failures": 0 if state in (SUCCEEDED, None) else row.consecutive_failures,
-        "r_next_run_at": _cron.next_after(row.cron, row.timezone, now, row.name),
-    }
-    if conn.dialect.name == "postgresql":
+    job = _jobs.new_job_values(
+        handler=row.handler,
+        payload=row.payload,
+        now=now,
+        max_attempts=max_attempts,
+        queue=queue,
+        task_name=row.name,
+    )
+    params = {f"j_{column}": value for column, value in job.items()}
+    params.update(
+        p_now=now,
+        r_id=row.id,
+        r_version=row.version,
+        r_failures=0 if state in (SUCCEEDED, None) else row.consecutive_failures,
+        r_next_run_at=_cron.next_after(row.cron, row.timezone, now, row.name),
+    )
+    if conn.dialect.name in _ONE_STATEMENT:
         found = _dispatch_alone(conn, params)
         if found is None:
             return LOST_RACE, None
