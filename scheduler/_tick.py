@@ -8,6 +8,7 @@ a fresh job is dispatched. The outcome reported is tracked apart from commit/rol
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import uuid
@@ -283,26 +284,32 @@ def _parallel(
     decide: Callable[[Connection, Any], Decided],
     report: TickReport,
 ) -> None:
-    """Rows dealt round-robin to `lanes` connections (this thread runs the first on `conn`);
+    """Rows taken in due order by `lanes` connections (this thread runs the first on `conn`);
     outcomes reported (and signals sent) in due order once every lane is done. A lane that
     fails stops; what the others committed is still reported and signalled before its error
     is raised."""
     decided: dict[int, Decided] = {}
+    # Each lane takes the next row when it is free, so a helper that starts late (it waits for
+    # the GIL and a connection) takes fewer rows. A deque's popleft is thread-safe.
+    pending = collections.deque(batch)
 
-    def lane(lane_conn: Connection, part: list[Any]) -> None:
-        for row in part:
+    def lane(lane_conn: Connection) -> None:
+        while True:
+            try:
+                row = pending.popleft()
+            except IndexError:
+                return
             decided[row.id] = decide(lane_conn, row)
 
-    def helper(part: list[Any]) -> None:
+    def helper() -> None:
         with store.engine.connect() as helper_conn:
-            lane(helper_conn, part)
+            lane(helper_conn)
 
-    parts = [batch[k::lanes] for k in range(lanes)]
     helpers = store.helpers(lanes - 1)
-    futures = [helpers.submit(helper, part) for part in parts[1:]]
+    futures = [helpers.submit(helper) for _ in range(lanes - 1)]
     failures: list[BaseException] = []
     try:
-        lane(conn, parts[0])
+        lane(conn)
     except BaseException as exc:  # settle the other lanes' commits first
         failures.append(exc)
     for future in futures:

@@ -1,8 +1,9 @@
 """The long-running worker: tick, claim and run jobs on threads, heartbeats, housekeeping.
 
-Every ``tick_interval`` the worker ticks; at least every second it takes over jobs whose lease
-expired and claims ready ones, never more than it has free threads (``concurrency``; 0 = tick
-only). A heartbeat thread renews the leases of the running jobs every third of a lease. Every
+Every ``tick_interval`` the worker ticks, on the wall clock's multiples of it plus a small
+offset of its own (see :func:`tick_offset`); at least every second it takes over jobs whose
+lease expired and claims ready ones, never more than it has free threads (``concurrency``; 0 =
+tick only). A heartbeat thread renews the leases of the running jobs every third of a lease. Every
 minute it purges old jobs and delivers ``row_disabled`` alerts a crash left undelivered. It
 keeps a row in ``scheduler_workers`` (``scheduler status`` reads it) and deletes it on exit.
 
@@ -30,6 +31,7 @@ import signal
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
@@ -55,6 +57,7 @@ HOUSEKEEPING_SECONDS = 60.0  # purge, undelivered alerts, forgotten worker rows
 PRESENCE_SECONDS = 1.0  # at most one write to scheduler_workers per this many seconds
 FORGET_WORKERS_AFTER = timedelta(hours=1)
 BACKOFF_MIN, BACKOFF_MAX = 0.5, 30.0
+MAX_TICK_OFFSET = 0.05  # seconds: the spread of the workers' tick offsets (see tick_offset)
 
 
 def import_handlers(modules: Iterable[str]) -> None:
@@ -73,6 +76,24 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, OperationalError | InterfaceError):
         return True
     return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
+def tick_offset(worker_id: str, interval: float) -> float:
+    """This worker's offset past the tick grid, in [0, min(interval / 10, 50 ms)).
+
+    Ticks fall on the wall clock's multiples of ``tick_interval`` (cron slots sit on whole
+    seconds, so a slot waits for the next tick only as long as the offset and the tick take).
+    Workers would all tick at the same instant and race for the same rows; a stable offset per
+    worker id spreads them, so one usually has dispatched a row before the next looks at it.
+    """
+    spread = min(interval / 10, MAX_TICK_OFFSET)
+    return zlib.crc32(worker_id.encode()) / 2**32 * spread
+
+
+def until_next_tick(wall: float, interval: float, offset: float) -> float:
+    """Seconds from wall-clock time `wall` to the next tick, in (0, interval]."""
+    ticks = (wall - offset) // interval + 1
+    return max(ticks * interval + offset - wall, 0.0) or interval
 
 
 def _log(level: int, action: str, message: str, *args: Any, **fields: Any) -> None:
@@ -136,14 +157,17 @@ class Worker:
 
     def _loop(self, pool: ThreadPoolExecutor) -> None:
         interval = self.app.settings.tick_interval
+        offset = tick_offset(self.app.worker_id, interval)
         next_tick = next_housekeeping = time.monotonic()
         backoff = tick_backoff = BACKOFF_MIN
         while not self._stopping:
             self._wake.clear()
             if time.monotonic() >= next_tick:  # a failing tick does not stop the jobs
-                next_tick = time.monotonic() + interval
                 try:
                     self._tick()
+                    # The next tick on the grid (after this one: a tick longer than the
+                    # interval skips the grid points it overran).
+                    next_tick = time.monotonic() + until_next_tick(time.time(), interval, offset)
                     tick_backoff = BACKOFF_MIN
                 except Exception as exc:
                     self._log_error("tick", exc, tick_backoff)

@@ -22,7 +22,7 @@ from test_cli import COMMAND, write_config
 from scheduler import Scheduler
 from scheduler._handlers import Registry
 from scheduler._tables import workers
-from scheduler._worker import Worker
+from scheduler._worker import MAX_TICK_OFFSET, Worker, tick_offset, until_next_tick
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -335,3 +335,59 @@ def test_once_drains_every_ready_job_even_when_each_batch_ends_before_the_check(
     with app.store.read() as conn:
         states = conn.execute(text("SELECT state, count(*) FROM scheduler_jobs GROUP BY state"))
         assert dict(states.all()) == {"succeeded": 30}
+
+
+@pytest.mark.parametrize(
+    ("wall", "interval", "offset", "expected"),
+    [
+        (100.30, 1.0, 0.02, 0.72),  # mid-interval: wait for the next whole second + offset
+        (100.01, 1.0, 0.02, 0.01),  # just before this second's tick
+        (100.02, 1.0, 0.02, 1.00),  # on the tick: the next one, a whole interval on
+        (7.20, 5.0, 0.01, 2.81),  # multiples of 5 s: 10.01
+        (0.35, 0.25, 0.0, 0.15),
+    ],
+)
+def test_ticks_fall_on_the_wall_clock_grid_plus_the_offset(
+    wall: float, interval: float, offset: float, expected: float
+) -> None:
+    assert until_next_tick(wall, interval, offset) == pytest.approx(expected)
+
+
+def test_each_worker_has_a_stable_small_offset() -> None:
+    offsets = [tick_offset(f"host:{pid}", 1.0) for pid in range(200)]
+    assert offsets == [tick_offset(f"host:{pid}", 1.0) for pid in range(200)]
+    assert all(0 <= o < MAX_TICK_OFFSET for o in offsets)
+    assert len({round(o, 4) for o in offsets}) > 150  # spread, not one value
+    assert all(0 <= tick_offset(f"host:{pid}", 0.1) < 0.01 for pid in range(200))  # interval/10
+
+
+class _RecordsTicks(Worker):
+    def __init__(self, app: Scheduler) -> None:
+        super().__init__(app, concurrency=1)
+        self.walls: list[float] = []
+
+    def _tick(self) -> None:
+        self.walls.append(time.time())
+        super()._tick()
+
+
+def test_the_worker_ticks_on_the_grid_whatever_its_start(tmp_path: Path) -> None:
+    """Started half-way between two grid points, the worker ticks at once and then on the grid
+    (plus its offset): a cron slot on a whole second no longer waits up to a whole interval."""
+    app = Scheduler(f"sqlite:///{tmp_path / 'grid.db'}", tick_interval=1.0)
+    app.migrate()
+    worker = _RecordsTicks(app)
+    offset = tick_offset(app.worker_id, 1.0)
+    time.sleep(until_next_tick(time.time(), 1.0, offset + 0.5))  # half-way
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_for(lambda: len(worker.walls) >= 4, 10, "four ticks")
+    finally:
+        worker.stop()
+        thread.join(10)
+        app.close()
+    phases = [(wall - offset) % 1.0 for wall in worker.walls]
+    assert 0.4 < phases[0] < 0.75  # the first tick: at start, mid-interval
+    late = [round(p, 3) for p in phases[1:4] if p > 0.25]  # 0.25 s of slack for a busy machine
+    assert late == [], phases
