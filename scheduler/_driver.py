@@ -50,8 +50,12 @@ class Prepared:
 
     __slots__ = ("_dialect", "_names", "_positional", "_prepare", "_processors", "sql")
 
-    def __init__(self, statement: ClauseElement, dialect: Dialect) -> None:
-        compiled = statement.compile(dialect=dialect)
+    def __init__(
+        self, statement: ClauseElement, dialect: Dialect, *, compile_as: Dialect | None = None
+    ) -> None:
+        """`compile_as`: a dialect to write the SQL with instead (another paramstyle); the
+        values still go through `dialect`'s type processors."""
+        compiled = statement.compile(dialect=compile_as or dialect)
         assert isinstance(compiled, SQLCompiler)
         for name, bind in compiled.binds.items():
             if not bind.required or bind.expanding:
@@ -59,7 +63,7 @@ class Prepared:
         self.sql = compiled.string
         self._dialect = dialect
         self._prepare = dialect.driver == "psycopg"
-        self._positional = dialect.positional
+        self._positional = (compile_as or dialect).positional
         if self._positional:
             self._names: tuple[str, ...] = tuple(compiled.positiontup or ())
         else:
@@ -70,7 +74,8 @@ class Prepared:
             if process is not None:
                 self._processors[name] = process
 
-    def _arguments(self, params: Mapping[str, Any]) -> Any:
+    def arguments(self, params: Mapping[str, Any]) -> Any:
+        """The driver's arguments for `params`: each value through its column type."""
         processors = self._processors
         values = [
             processors[name](params[name]) if name in processors else params[name]
@@ -80,7 +85,7 @@ class Prepared:
 
     def run(self, conn: Connection, params: Mapping[str, Any]) -> Any:
         """Execute on `conn`'s current transaction; return the driver's cursor."""
-        arguments = self._arguments(params)
+        arguments = self.arguments(params)
         proxied = conn.connection
         cursor = proxied.cursor()
         dispatch = conn.dispatch
@@ -105,20 +110,6 @@ class Prepared:
             for listener in dispatch.after_cursor_execute:
                 listener(conn, cursor, self.sql, arguments, None, False)
         return cursor
-
-    def run_alone(self, conn: Connection, params: Mapping[str, Any]) -> Any:
-        """Execute as a transaction of its own (the driver's autocommit), outside any
-        transaction of `conn`: for one statement that is atomic by itself (PostgreSQL's
-        data-modifying CTEs). Saves the BEGIN and COMMIT round trips. Returns the cursor."""
-        if conn.in_transaction():
-            raise RuntimeError("run_alone needs a connection outside a transaction")
-        driver: Any = conn.connection.driver_connection
-        driver.autocommit = True  # psycopg: a local flag, no round trip
-        try:
-            return self.run(conn, params)
-        finally:
-            if not conn.invalidated:
-                driver.autocommit = False
 
 
 class PreparedSet:

@@ -9,6 +9,7 @@ a fresh job is dispatched. The outcome reported is tracked apart from commit/rol
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import logging
 import uuid
@@ -32,10 +33,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql import ClauseElement
 
-from . import _cron, _jobs, signals
+from . import _cron, _jobs, _pgspread, signals
 from ._alerts import Alert, cause, deliver
 from ._driver import PreparedSet
 from ._jobs import ABORTED, CLAIMED, QUEUED, SUCCEEDED
+from ._pgspread import SpreadSet
 from ._store import Store
 from ._tables import jobs, rows
 
@@ -48,6 +50,7 @@ DISPATCHED, RERUN, HELD_BACK, DISABLED, LOST_RACE = (
     "disabled",
     "lost_race",
 )
+_FRESH = "_fresh"  # not an outcome: "dispatch this row fresh", from _one to _spread
 REASON_FAILURES = "max_consecutive_failures"
 
 # (handler name) -> (max_attempts, queue) for the jobs the tick creates
@@ -181,6 +184,7 @@ def _build_dispatch_swap(_dialect: str) -> ClauseElement:
 
 _DISPATCH = PreparedSet(_build_dispatch)
 _DISPATCH_SWAP = PreparedSet(_build_dispatch_swap)
+_DISPATCH_SPREAD = SpreadSet(_build_dispatch)  # PostgreSQL with psycopg: see _spread
 
 
 def _dispatch(conn: Connection, params: dict[str, Any]) -> int:
@@ -190,12 +194,6 @@ def _dispatch(conn: Connection, params: dict[str, Any]) -> int:
     if _DISPATCH_SWAP.on(conn).run(conn, params).rowcount != 1:
         raise _Rollback(LOST_RACE)
     return job_id
-
-
-def _dispatch_alone(conn: Connection, params: dict[str, Any]) -> int | None:
-    """PostgreSQL: the same in one statement, its own transaction; None if the swap lost."""
-    found = _DISPATCH.on(conn).run_alone(conn, params).fetchone()
-    return None if found is None else int(found[0])
 
 
 def _due(
@@ -255,17 +253,21 @@ def tick(
     decide = functools.partial(
         _one, now=now, global_limit=max_consecutive_failures, job_defaults=job_defaults
     )
+    fresh = functools.partial(_fresh_params, now=now, job_defaults=job_defaults)
     report = TickReport()
     after: tuple[datetime, int] | None = None
     # One connection reads each batch, runs its rows (or the first lane of them) and sends the
     # signals: a checkout costs a round trip where the pool pings (PostgreSQL, MariaDB).
     with store.engine.connect() as conn:
+        spread = _pgspread.available(conn)
         while True:
             # A read transaction: an idle tick takes no write lock (SQLite) and 1 statement.
             with store.reading(conn):
                 batch = _due(conn, now, batch_size, after)
             lanes = min(connections, len(batch) // _ROWS_PER_CONNECTION)
-            if lanes > 1:
+            if spread:
+                _spread(store, conn, batch, connections, decide, fresh, report)
+            elif lanes > 1:
                 _parallel(store, conn, batch, lanes, decide, report)
             else:
                 for row in batch:
@@ -323,6 +325,53 @@ def _parallel(
         raise failures[0]
 
 
+def _spread(
+    store: Store,
+    conn: Connection,
+    batch: list[Any],
+    connections: int,
+    decide: Callable[..., Decided],
+    fresh: Callable[[Any], dict[str, Any]],
+    report: TickReport,
+) -> None:
+    """PostgreSQL: the rows to rerun, disable or hold back are decided first, one by one on
+    `conn`; then the fresh dispatches, one statement and one transaction each, run at once
+    over up to `connections` connections from this thread (see _pgspread), so that their
+    commits share WAL flushes. Outcomes are reported (and signals sent) in due order; an error
+    is raised after what committed has been reported."""
+    decided: dict[int, Decided] = {}
+    fresh_rows: list[Any] = []
+    failures: list[BaseException] = []
+    try:
+        for row in batch:
+            outcome = decide(conn, row, defer_fresh=True)
+            if outcome[0] == _FRESH:
+                fresh_rows.append(row)
+            else:
+                decided[row.id] = outcome
+        if fresh_rows:
+            lanes = max(1, min(connections, len(fresh_rows) // _ROWS_PER_CONNECTION))
+            with contextlib.ExitStack() as stack:
+                conns = [conn] + [
+                    stack.enter_context(store.engine.connect()) for _ in range(lanes - 1)
+                ]
+                found = _DISPATCH_SPREAD.on(conn).run(conns, [fresh(row) for row in fresh_rows])
+            for row, job_id in zip(fresh_rows, found, strict=True):
+                if isinstance(job_id, BaseException):
+                    failures.append(job_id)
+                else:
+                    decided[row.id] = (
+                        (LOST_RACE, None) if job_id is None else _dispatched(row, job_id)
+                    )
+    except BaseException as exc:  # report what committed first
+        failures.append(exc)
+    for row in batch:
+        if row.id in decided:
+            _settle(conn, row, *decided[row.id], report)
+    if failures:
+        raise failures[0]
+
+
 def _settle(
     conn: Connection, row: Any, outcome: str, after_commit: AfterCommit | None, report: TickReport
 ) -> None:
@@ -335,7 +384,13 @@ def _settle(
 
 
 def _one(
-    conn: Connection, row: Any, *, now: datetime, global_limit: int, job_defaults: JobDefaults
+    conn: Connection,
+    row: Any,
+    *,
+    now: datetime,
+    global_limit: int,
+    job_defaults: JobDefaults,
+    defer_fresh: bool = False,
 ) -> Decided:
     """One due row in its own transaction: (outcome, what to run after the commit).
 
@@ -350,6 +405,8 @@ def _one(
                 return _after_failure(conn, row, now, global_limit, job_defaults)
         if state in (QUEUED, CLAIMED) and not row.concurrent:
             return HELD_BACK, None
+        if defer_fresh:  # the caller dispatches it (_spread)
+            return _FRESH, None
         return _fresh(conn, row, now, job_defaults)
     except _Rollback as rolled_back:
         return rolled_back.outcome, None
@@ -414,9 +471,8 @@ def _after_failure(
     )
 
 
-def _fresh(conn: Connection, row: Any, now: datetime, job_defaults: JobDefaults) -> Decided:
-    """Dispatch a new job: its own transaction (one statement on PostgreSQL)."""
-    state = row.job_state
+def _fresh_params(row: Any, *, now: datetime, job_defaults: JobDefaults) -> dict[str, Any]:
+    """The parameters of a fresh dispatch: the new job's values and the row's swap."""
     max_attempts, queue = job_defaults(row.handler)
     job = _jobs.new_job_values(
         handler=row.handler,
@@ -431,17 +487,27 @@ def _fresh(conn: Connection, row: Any, now: datetime, job_defaults: JobDefaults)
         p_now=now,
         r_id=row.id,
         r_version=row.version,
-        r_failures=0 if state in (SUCCEEDED, None) else row.consecutive_failures,
+        r_failures=0 if row.job_state in (SUCCEEDED, None) else row.consecutive_failures,
         r_next_run_at=_cron.next_after(row.cron, row.timezone, now, row.name),
     )
-    if conn.dialect.name in _ONE_STATEMENT:
-        found = _dispatch_alone(conn, params)
-        if found is None:
-            return LOST_RACE, None
-        job_id = found
-    else:
-        with conn.begin():
+    return params
+
+
+def _fresh(conn: Connection, row: Any, now: datetime, job_defaults: JobDefaults) -> Decided:
+    """Dispatch a new job in its own transaction (PostgreSQL with psycopg: see _spread)."""
+    params = _fresh_params(row, now=now, job_defaults=job_defaults)
+    with conn.begin():
+        if conn.dialect.name in _ONE_STATEMENT:  # another PostgreSQL driver
+            found = _DISPATCH.on(conn).run(conn, params).fetchone()
+            if found is None:
+                raise _Rollback(LOST_RACE)
+            job_id = int(found[0])
+        else:
             job_id = _dispatch(conn, params)
+    return _dispatched(row, job_id)
+
+
+def _dispatched(row: Any, job_id: int) -> Decided:
     return DISPATCHED, lambda _conn: signals.send(
         signals.job_dispatched,
         row.name,

@@ -86,8 +86,8 @@ def test_a_lost_connection_invalidates_it(pg_url: str) -> None:
             with killer.connect() as other:
                 other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
             killer.dispose()
-            with pytest.raises(DBAPIError) as info:
-                prepared.on(conn).run_alone(conn, VALUES)
+            with pytest.raises(DBAPIError) as info, conn.begin():
+                prepared.on(conn).run(conn, VALUES)
             assert info.value.connection_invalidated
             assert conn.invalidated
         assert app.enqueue("h", {}) > 0  # the pool hands out a fresh connection

@@ -8,11 +8,13 @@ worker, so nothing sleeps. Cron ``*/10 * * * *`` from 2030-01-01 00:00Z gives sl
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -87,6 +89,10 @@ def row(app: Scheduler, name: str) -> Any:
 @pytest.fixture
 def sched(app: Scheduler) -> Scheduler:
     """``app`` with handlers ``ok`` (succeeds) and ``boom`` (aborts at once), clock at T0."""
+    return with_handlers(app)
+
+
+def with_handlers(app: Scheduler) -> Scheduler:
     at(app, T0)
 
     @app.handler("ok")
@@ -640,6 +646,48 @@ def test_lost_race_on_a_stale_dispatch_writes_nothing(sched: Scheduler, db_url: 
         assert conn.execute(select(func.count()).select_from(jobs)).scalar_one() == 1
 
 
+def spread_one(app: Scheduler, snapshot: Any, now: datetime) -> tick_module.TickReport:
+    """PostgreSQL: the snapshot through the tick's spread path (one statement per fresh row,
+    over connections at once)."""
+    report = tick_module.TickReport()
+    decide = functools.partial(
+        tick_module._one,
+        now=now,
+        global_limit=app.settings.max_consecutive_failures,
+        job_defaults=app._job_defaults,
+    )
+    fresh = functools.partial(tick_module._fresh_params, now=now, job_defaults=app._job_defaults)
+    with app.store.engine.connect() as conn:
+        tick_module._spread(app.store, conn, [snapshot], 4, decide, fresh, report)
+    return report
+
+
+def fresh_then_stale(sched: Scheduler, run: Callable[..., tick_module.TickReport]) -> None:
+    sched.sync([spec("r")])
+    snapshot = stale_snapshot(sched, slot(1))
+    with capture_signals() as records:
+        assert run(sched, snapshot, slot(1)).dispatched == ["r"]
+        assert run(sched, snapshot, slot(1)).lost_race == ["r"]
+    assert [r.sender for r in records] == ["r"]
+    assert job_count(sched, "r") == 1
+    assert row(sched, "r").next_run_at == slot(2)
+
+
+def test_a_fresh_snapshot_dispatches_once_on_its_own(sched: Scheduler) -> None:
+    """A row decided on its own connection (_one; every engine): the fresh snapshot wins
+    once; the same snapshot again is stale and writes nothing."""
+    fresh_then_stale(sched, run_one)
+
+
+def test_a_fresh_snapshot_dispatches_once_spread(pg_url: str) -> None:
+    """The same through PostgreSQL's spread path (the tick's fresh rows, psycopg)."""
+    app = Scheduler(pg_url, registry=Registry())
+    try:
+        fresh_then_stale(with_handlers(app), spread_one)
+    finally:
+        app.close()
+
+
 @pytest.mark.parametrize("interloper", ["disable", "raw_update"])
 def test_lost_race_after_any_write_to_the_row(sched: Scheduler, interloper: str) -> None:
     sched.sync([spec("r")])
@@ -697,7 +745,8 @@ def test_the_rerun_reset_is_conditional_on_the_job_still_aborted(sched: Schedule
 def test_a_mixed_batch_over_several_connections(sched: Scheduler, db_url: str) -> None:
     """40 due rows of every kind in one batch: each row is decided once, in its own
     transaction; the report and the signals follow due order; each signal comes after its
-    row's commit (seen from another connection); on PostgreSQL the rows ran on tick threads."""
+    row's commit (seen from another connection). PostgreSQL dispatches the fresh rows over four
+    connections at once from the ticking thread; MariaDB (told to) over tick threads."""
     settings(sched, max_consecutive_failures=3, batch_size=100, tick_connections=4)
     names = {kind: [f"{kind}-{i:02d}" for i in range(10)] for kind in ("fresh", "held", "rerun")}
     names["disable"] = [f"disable-{i:02d}" for i in range(10)]
@@ -716,9 +765,12 @@ def test_a_mixed_batch_over_several_connections(sched: Scheduler, db_url: str) -
             update(rows).where(rows.c.name.in_(names["disable"])).values(consecutive_failures=2)
         )
     threads: set[str] = set()
+    backends: set[int] = set()  # PostgreSQL: the sessions the fresh dispatches ran on
 
-    def where(*_args: Any) -> None:
+    def where(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
         threads.add(threading.current_thread().name)
+        if "INSERT INTO scheduler_jobs" in statement and conn.dialect.name == "postgresql":
+            backends.add(conn.connection.driver_connection.info.backend_pid)
 
     committed: list[tuple[str, str, Any]] = []
 
@@ -765,15 +817,18 @@ def test_a_mixed_batch_over_several_connections(sched: Scheduler, db_url: str) -
         expected_next = slot(2) if name in names["held"] or name in names["disable"] else slot(3)
         assert found.next_run_at == expected_next, name
     lanes = {t for t in threads if t.startswith("scheduler-tick")}
-    if sched.store.engine.dialect.name == "sqlite":
+    dialect = sched.store.engine.dialect.name
+    if dialect == "sqlite":
         assert lanes == set()  # one writer at a time
+    elif dialect == "postgresql":  # four connections at once, all from the ticking thread
+        assert (lanes, len(backends)) == (set(), 4)
     else:  # four connections: the ticking thread's own and three helper threads
         assert len(lanes) == 3
 
 
 def test_a_forked_child_ticks_over_several_connections(pg_url: str) -> None:
-    """The tick's helper threads belong to the process that started them: a child forked
-    after a tick (a pre-forking server) starts its own instead of waiting on its parent's."""
+    """A child forked after a tick (a pre-forking server) ticks over its own connections: it
+    neither waits on its parent's helper threads nor uses its parent's sessions."""
     import os
     import signal
     import time

@@ -1,0 +1,265 @@
+"""PostgreSQL (psycopg): one statement run for many parameter sets at once over several
+connections, from the calling thread, each execution a transaction of its own.
+
+A tick's fresh dispatches are one statement each (see ``_tick._build_dispatch``), and each must
+commit on its own (SPEC §2). Run one after another, every row waits for its commit's WAL flush;
+run on several connections at once, the commits that wait together share a flush. Python
+threads for that cost more than the statements here (each hand-off of the GIL, psycopg's
+Python layers per execution), so this module drives the connections' libpq handles
+(``psycopg.Connection.pgconn``, psycopg's public low-level interface) directly: it sends the
+next parameter set to whichever connection is free and waits on all their sockets at once.
+
+The SQL is SQLAlchemy's, compiled for the connection's dialect with ``$n`` placeholders; the
+dialect renders a cast on every placeholder (``$1::INTEGER``), so the values go as text and the
+server types them. Each value goes through its column type's bind processor first, as in
+``Connection.execute``. The statement is prepared once per connection (kept in the pooled
+connection's ``info``), unless the connection was made with ``prepare_threshold=None`` (as
+behind PgBouncer in transaction mode). Cursor events fire for every execution, so statement
+counters see them. A driver error comes back as SQLAlchemy's exception for that parameter set
+(a lost connection is invalidated); the other sets still run on the other connections.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import selectors
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Dialect
+from sqlalchemy.sql import ClauseElement
+
+from ._driver import Prepared, driver_error
+
+_PREPARED_KEY = "scheduler_prepared"  # in a pooled connection's info: names prepared on it
+
+
+def available(conn: Connection) -> bool:
+    """Whether `conn` can run statements here: psycopg on PostgreSQL."""
+    return conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg"
+
+
+def _text(value: Any, encoding: str) -> bytes | None:
+    """A bound value as PostgreSQL's text input (the SQL casts each placeholder)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return b"t" if value else b"f"
+    if isinstance(value, int | float):
+        return str(value).encode()
+    if isinstance(value, str):
+        return value.encode(encoding)
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ").encode()
+    raise TypeError(f"no text form for a {type(value).__name__} parameter")
+
+
+class Spread:
+    """One statement compiled for one PostgreSQL dialect, with ``$n`` placeholders."""
+
+    def __init__(self, statement: ClauseElement, dialect: Dialect) -> None:
+        numbered: Any = type(dialect)
+        self._bound = Prepared(statement, dialect, compile_as=numbered(paramstyle="numeric_dollar"))
+        self.sql = self._bound.sql
+        self.sql_bytes = self.sql.encode()
+        self.name = b"scheduler_" + hashlib.sha1(self.sql_bytes).hexdigest()[:16].encode()
+
+    def arguments(self, params: Mapping[str, Any]) -> tuple[Any, ...]:
+        return tuple(self._bound.arguments(params))
+
+    def run(
+        self, conns: Sequence[Connection], param_sets: Sequence[Mapping[str, Any]]
+    ) -> list[Any]:
+        """Run every parameter set, each in its own transaction, over `conns` at once; return
+        per set, in order, the first column of its first row (None if it returned none) or the
+        SQLAlchemy exception it raised. `conns` must be outside any transaction. A set that
+        no connection could run (all lost) gets the last connection's error."""
+        if not conns:
+            raise ValueError("Spread.run needs at least one connection")
+        results: list[Any] = [None] * len(param_sets)
+        pending = deque(range(len(param_sets)))
+        lanes = [_Lane(self, conn) for conn in conns]
+        lost: BaseException | None = None
+        with selectors.DefaultSelector() as selector:
+
+            def start(lane: _Lane) -> None:
+                if pending and lane.usable:
+                    lane.send(pending.popleft(), param_sets)
+                    selector.register(lane.socket, selectors.EVENT_READ, lane)
+
+            try:
+                for lane in lanes:
+                    if pending:
+                        lost = lane.open() or lost
+                        start(lane)
+                while selector.get_map():
+                    for key, _events in selector.select():
+                        lane = key.data
+                        if lane.receive(results):
+                            selector.unregister(lane.socket)
+                            if not lane.usable:
+                                lost = results[lane.index]
+                            start(lane)
+            except BaseException:
+                for lane in lanes:  # a statement still in flight: the connection is unusable
+                    if lane.busy:
+                        lane.conn.invalidate()
+                raise
+        for index in pending:  # no connection was left to run them
+            results[index] = lost
+        return results
+
+
+class _Lane:
+    """One connection's side of :meth:`Spread.run`: at most one execution in flight."""
+
+    def __init__(self, spread: Spread, conn: Connection) -> None:
+        if conn.in_transaction():
+            raise RuntimeError("Spread.run needs connections outside a transaction")
+        self.spread = spread
+        self.conn = conn
+        driver: Any = conn.connection.driver_connection
+        self.pgconn: Any = driver.pgconn
+        self.encoding: str = driver.info.encoding
+        self.prepared = driver.prepare_threshold is not None
+        self.socket = -1
+        self.cursor = conn.connection.cursor()  # for the cursor events' signature
+        self.usable = True
+        self.busy = False
+        self.index = -1
+        self.args: tuple[Any, ...] = ()
+        self.retried = False
+
+    def open(self) -> BaseException | None:
+        """Get ready to send: the socket, and the statement prepared on this connection unless
+        it is (one round trip, once per connection). The error if that failed, and then the
+        lane is not used."""
+        from psycopg import OperationalError
+
+        try:
+            self.socket = self.pgconn.socket
+            return self.prepare()
+        except OperationalError as exc:  # the connection is lost
+            self.usable = False
+            return driver_error(self.conn, self.spread.sql, (), exc)
+
+    def prepare(self) -> BaseException | None:
+        if not self.prepared:
+            return None
+        from psycopg import pq
+
+        names: set[bytes] = self.conn.connection.info.setdefault(_PREPARED_KEY, set())
+        if self.spread.name in names:
+            return None
+        result = self.pgconn.prepare(self.spread.name, self.spread.sql_bytes)
+        if result.status != pq.ExecStatus.COMMAND_OK and _sqlstate(result) != _DUPLICATE:
+            self.usable = False
+            return self.error(result)
+        names.add(self.spread.name)
+        return None
+
+    def send(self, index: int, param_sets: Sequence[Mapping[str, Any]]) -> None:
+        spread, conn = self.spread, self.conn
+        self.index = index
+        self.args = args = spread.arguments(param_sets[index])
+        if conn.dispatch.before_cursor_execute:
+            for listener in conn.dispatch.before_cursor_execute:
+                listener(conn, self.cursor, spread.sql, args, None, False)
+        self.retried = False
+        self._transmit()
+
+    def _transmit(self) -> None:
+        values = [_text(value, self.encoding) for value in self.args]
+        if self.prepared:
+            self.pgconn.send_query_prepared(self.spread.name, values)
+        else:
+            self.pgconn.send_query_params(self.spread.sql_bytes, values)
+        self.busy = True
+        while self.pgconn.flush():  # a few hundred bytes: the socket takes them at once
+            pass
+
+    def receive(self, results: list[Any]) -> bool:
+        """Read what arrived; True once the execution in flight is done (result or error)."""
+        from psycopg import OperationalError, pq
+
+        pgconn = self.pgconn
+        outcome: Any = None
+        try:
+            pgconn.consume_input()
+            if pgconn.is_busy():
+                return False
+            missing = False
+            while (result := pgconn.get_result()) is not None:
+                if result.status == pq.ExecStatus.TUPLES_OK:
+                    value = result.get_value(0, 0) if result.ntuples else None
+                    outcome = None if value is None else int(value)
+                elif result.status != pq.ExecStatus.COMMAND_OK:
+                    missing = _sqlstate(result) == _NO_SUCH_STATEMENT
+                    outcome = self.error(result)
+            if missing and not self.retried:
+                # The session lost its prepared statements (DISCARD ALL, DEALLOCATE): nothing
+                # ran, so prepare again and send the same values once more.
+                self.retried = True
+                self.conn.connection.info.pop(_PREPARED_KEY, None)
+                failed = self.prepare()
+                if failed is None:
+                    self._transmit()
+                    return False
+                outcome = failed
+        except OperationalError as exc:  # the connection broke
+            outcome = driver_error(self.conn, self.spread.sql, self.args, exc)
+        self.busy = False
+        results[self.index] = outcome
+        if isinstance(outcome, BaseException):
+            self.usable = not self.conn.invalidated
+        elif self.conn.dispatch.after_cursor_execute:
+            for listener in self.conn.dispatch.after_cursor_execute:
+                listener(self.conn, self.cursor, self.spread.sql, self.args, None, False)
+        return True
+
+    def error(self, result: Any) -> BaseException:
+        """SQLAlchemy's exception for a failed result (a lost connection is invalidated)."""
+        import psycopg
+        from psycopg import errors, pq
+
+        message = (result.error_message or b"").decode(errors="replace").strip()
+        cls: type[Exception] = psycopg.DatabaseError
+        sqlstate = _sqlstate(result)
+        if self.pgconn.status == pq.ConnStatus.BAD:
+            cls = psycopg.OperationalError
+        elif sqlstate:
+            try:
+                cls = errors.lookup(sqlstate)
+            except KeyError:
+                pass
+        return driver_error(self.conn, self.spread.sql, self.args, cls(message))
+
+
+_DUPLICATE = "42P05"  # duplicate_prepared_statement: prepared already (info was lost)
+_NO_SUCH_STATEMENT = "26000"  # invalid_sql_statement_name
+
+
+def _sqlstate(result: Any) -> str | None:
+    from psycopg import pq
+
+    raw = result.error_field(pq.DiagnosticField.SQLSTATE)
+    return raw.decode() if raw else None
+
+
+class SpreadSet:
+    """A statement compiled lazily, once per dialect object (one per engine)."""
+
+    def __init__(self, build: Callable[[str], ClauseElement]) -> None:
+        self._build = build
+        self._by_dialect: weakref.WeakKeyDictionary[Dialect, Spread] = weakref.WeakKeyDictionary()
+
+    def on(self, conn: Connection) -> Spread:
+        dialect = conn.dialect
+        spread = self._by_dialect.get(dialect)
+        if spread is None:
+            spread = Spread(self._build(dialect.name), dialect)
+            self._by_dialect[dialect] = spread
+        return spread
