@@ -42,19 +42,30 @@ def available(conn: Connection) -> bool:
     return conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg"
 
 
+def _number(value: Any, _encoding: str) -> bytes:
+    return str(value).encode()
+
+
+_TEXT: dict[type, Callable[[Any, str], bytes | None]] = {
+    type(None): lambda _value, _encoding: None,
+    bool: lambda value, _encoding: b"t" if value else b"f",
+    int: _number,
+    float: _number,
+    str: lambda value, encoding: value.encode(encoding),
+    datetime: lambda value, _encoding: value.isoformat(sep=" ").encode(),
+}
+
+
 def _text(value: Any, encoding: str) -> bytes | None:
     """A bound value as PostgreSQL's text input (the SQL casts each placeholder)."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return b"t" if value else b"f"
-    if isinstance(value, int | float):
-        return str(value).encode()
-    if isinstance(value, str):
-        return value.encode(encoding)
-    if isinstance(value, datetime):
-        return value.isoformat(sep=" ").encode()
-    raise TypeError(f"no text form for a {type(value).__name__} parameter")
+    dump = _TEXT.get(type(value))
+    if dump is None:  # a subclass (an IntEnum, a str subclass): its nearest known base
+        known = (base for base in type(value).__mro__ if base in _TEXT)
+        base = next(known, None)
+        if base is None:
+            raise TypeError(f"no text form for a {type(value).__name__} parameter")
+        dump = _TEXT[base]
+    return dump(value, encoding)
 
 
 class Spread:

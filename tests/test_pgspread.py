@@ -205,3 +205,30 @@ def test_connections_inside_a_transaction_are_refused(app: Scheduler) -> None:
     with app.store.engine.connect() as conn, conn.begin():
         with pytest.raises(RuntimeError, match="outside a transaction"):
             spread(app).run([conn], [values(0)])
+
+
+def test_values_are_sent_as_postgresqls_text_input() -> None:
+    import enum
+
+    from scheduler._pgspread import _text
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    class Name(str):
+        pass
+
+    sent = [None, True, False, 7, Level.HIGH, 1.5, "é", Name("n"), datetime(2030, 1, 2, 3, 4, 5, 6)]
+    assert [_text(v, "utf-8") for v in sent] == [
+        None,
+        b"t",
+        b"f",
+        b"7",
+        b"3",
+        b"1.5",
+        "é".encode(),
+        b"n",
+        b"2030-01-02 03:04:05.000006",
+    ]
+    with pytest.raises(TypeError, match="no text form for a bytes parameter"):
+        _text(b"raw", "utf-8")
