@@ -448,6 +448,8 @@ def main() -> None:
                 impls[system] = SYSTEMS[system](url)
                 impls[system].load(r, datetime.now(UTC) + timedelta(days=2))
                 impls[system].tick()  # warm-up: connections, statement caches, schema check
+            if db == "PostgreSQL":
+                _bench.checkpoint_pg(args.pg)
             for d in (d for d in dues if d <= r):
                 ids = due_ids(r, d)
                 progress(f"{db}: R={r:,} D={d}")

@@ -264,11 +264,10 @@ def tick(
             # A read transaction: an idle tick takes no write lock (SQLite) and 1 statement.
             with store.reading(conn):
                 batch = _due(conn, now, batch_size, after)
-            lanes = min(connections, len(batch) // _ROWS_PER_CONNECTION)
-            if spread:
+            if spread:  # PostgreSQL (psycopg): fresh rows over connections at once
                 _spread(store, conn, batch, connections, decide, fresh, report)
-            elif lanes > 1:
-                _parallel(store, conn, batch, lanes, decide, report)
+            elif (lanes := min(connections, len(batch) // _ROWS_PER_CONNECTION)) > 1:
+                _parallel(store, conn, batch, lanes, decide, report)  # threads (MariaDB)
             else:
                 for row in batch:
                     outcome, after_commit = decide(conn, row)
