@@ -25,7 +25,7 @@ import hashlib
 import selectors
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -82,30 +82,42 @@ class Spread:
         return tuple(self._bound.arguments(params))
 
     def run(
-        self, conns: Sequence[Connection], param_sets: Sequence[Mapping[str, Any]]
+        self,
+        conns: Iterable[Connection],
+        items: Sequence[Any],
+        params: Callable[[Any], Mapping[str, Any]] = dict,
     ) -> list[Any]:
-        """Run every parameter set, each in its own transaction, over `conns` at once; return
-        per set, in order, the first column of its first row (None if it returned none) or the
-        SQLAlchemy exception it raised. `conns` must be outside any transaction. A set that
-        no connection could run (all lost) gets the last connection's error."""
-        if not conns:
-            raise ValueError("Spread.run needs at least one connection")
-        results: list[Any] = [None] * len(param_sets)
-        pending = deque(range(len(param_sets)))
-        lanes = [_Lane(self, conn) for conn in conns]
+        """Run the statement once for each item, with parameters ``params(item)``, each in its
+        own transaction, over `conns` at once; return per item, in order, the first column of
+        its first row (None if it returned none) or the SQLAlchemy exception it raised.
+
+        `conns` (outside any transaction) is taken lazily: the first connection is sent its
+        first item before the next connection is taken (a pool checkout), and no more are
+        taken than there are items. An item no connection could run (all lost) gets the last
+        connection's error."""
+        if not items:
+            return []
+        results: list[Any] = [None] * len(items)
+        pending = deque(range(len(items)))
+        lanes: list[_Lane] = []
         lost: BaseException | None = None
         with selectors.DefaultSelector() as selector:
 
             def start(lane: _Lane) -> None:
                 if pending and lane.usable:
-                    lane.send(pending.popleft(), param_sets)
+                    index = pending.popleft()
+                    lane.send(index, params(items[index]))
                     selector.register(lane.socket, selectors.EVENT_READ, lane)
 
             try:
-                for lane in lanes:
-                    if pending:
-                        lost = lane.open() or lost
-                        start(lane)
+                offered = iter(conns)
+                while pending and (conn := next(offered, None)) is not None:
+                    lane = _Lane(self, conn)
+                    lanes.append(lane)
+                    lost = lane.open() or lost
+                    start(lane)
+                if not lanes:
+                    raise ValueError("Spread.run needs at least one connection")
                 while selector.get_map():
                     for key, _events in selector.select():
                         lane = key.data
@@ -172,10 +184,10 @@ class _Lane:
         names.add(self.spread.name)
         return None
 
-    def send(self, index: int, param_sets: Sequence[Mapping[str, Any]]) -> None:
+    def send(self, index: int, params: Mapping[str, Any]) -> None:
         spread, conn = self.spread, self.conn
         self.index = index
-        self.args = args = spread.arguments(param_sets[index])
+        self.args = args = spread.arguments(params)
         if conn.dispatch.before_cursor_execute:
             for listener in conn.dispatch.before_cursor_execute:
                 listener(conn, self.cursor, spread.sql, args, None, False)

@@ -163,6 +163,24 @@ class Store:
         finally:
             conn.execution_options(scheduler_readonly=False)
 
+    def read_rows(self, conn: Connection, statement: Any, params: dict[str, Any]) -> list[Any]:
+        """The rows of one read-only statement on a connection the caller holds, outside any
+        transaction. On PostgreSQL (psycopg) the statement runs in the driver's autocommit: a
+        statement is its own snapshot there, and the BEGIN and COMMIT round trips would cost
+        more than the statement. Elsewhere it runs in :meth:`reading`."""
+        if conn.dialect.driver != "psycopg":
+            with self.reading(conn):
+                return list(conn.execute(statement, params))
+        driver: Any = conn.connection.driver_connection
+        driver.autocommit = True  # psycopg: a local flag, no round trip
+        try:
+            found = list(conn.execute(statement, params))
+            conn.commit()  # ends SQLAlchemy's transaction; the driver has nothing to commit
+            return found
+        finally:
+            if not conn.invalidated:
+                driver.autocommit = False
+
     def dispose(self) -> None:
         with self._helpers_lock:
             if self._helpers is not None:

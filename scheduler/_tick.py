@@ -13,7 +13,7 @@ import contextlib
 import functools
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -197,12 +197,13 @@ def _dispatch(conn: Connection, params: dict[str, Any]) -> int:
 
 
 def _due(
-    conn: Connection, now: datetime, limit: int, after: tuple[datetime, int] | None
+    store: Store, conn: Connection, now: datetime, limit: int, after: tuple[datetime, int] | None
 ) -> list[Any]:
+    """The next batch of due rows, read on its own (an idle tick: 1 statement, no write lock)."""
     if after is None:
-        return list(conn.execute(_DUE, {"p_now": now, "p_limit": limit}))
+        return store.read_rows(conn, _DUE, {"p_now": now, "p_limit": limit})
     params = {"p_now": now, "p_limit": limit, "p_after_at": after[0], "p_after_id": after[1]}
-    return list(conn.execute(_DUE_AFTER, params))
+    return store.read_rows(conn, _DUE_AFTER, params)
 
 
 @functools.lru_cache(maxsize=16)
@@ -261,9 +262,7 @@ def tick(
     with store.engine.connect() as conn:
         spread = _pgspread.available(conn)
         while True:
-            # A read transaction: an idle tick takes no write lock (SQLite) and 1 statement.
-            with store.reading(conn):
-                batch = _due(conn, now, batch_size, after)
+            batch = _due(store, conn, now, batch_size, after)
             if spread:  # PostgreSQL (psycopg): fresh rows over connections at once
                 _spread(store, conn, batch, connections, decide, fresh, report)
             elif (lanes := min(connections, len(batch) // _ROWS_PER_CONNECTION)) > 1:
@@ -351,10 +350,18 @@ def _spread(
         if fresh_rows:
             lanes = max(1, min(connections, len(fresh_rows) // _ROWS_PER_CONNECTION))
             with contextlib.ExitStack() as stack:
-                conns = [conn] + [
-                    stack.enter_context(store.engine.connect()) for _ in range(lanes - 1)
-                ]
-                found = _DISPATCH_SPREAD.on(conn).run(conns, [fresh(row) for row in fresh_rows])
+
+                def lane_connections() -> Iterator[Connection]:
+                    yield conn  # its first row is on its way before the next checkout
+                    for _ in range(lanes - 1):
+                        try:
+                            extra = stack.enter_context(store.engine.connect())
+                        except Exception:  # the lanes already open go on with every row
+                            log.debug("tick: no more connections for the batch", exc_info=True)
+                            return
+                        yield extra
+
+                found = _DISPATCH_SPREAD.on(conn).run(lane_connections(), fresh_rows, fresh)
             for row, job_id in zip(fresh_rows, found, strict=True):
                 if isinstance(job_id, BaseException):
                     failures.append(job_id)

@@ -201,6 +201,37 @@ def test_an_interrupted_run_invalidates_the_connections_with_a_statement_in_flig
         assert not b.invalidated
 
 
+def test_connections_are_taken_lazily_and_no_more_than_needed(app: Scheduler) -> None:
+    """The first connection has its statement in flight before the second is taken from the
+    pool; two items take two connections of the three offered."""
+    from psycopg import pq
+
+    taken: list[tuple[str, Any]] = []
+
+    def connections() -> Iterator[Connection]:
+        engine = app.store.engine
+        with engine.connect() as a:
+            taken.append(("a", None))
+            yield a
+            first = a.connection.driver_connection.pgconn.transaction_status  # type: ignore[union-attr]
+            with engine.connect() as b:
+                taken.append(("b", first))
+                yield b
+                with engine.connect() as c:
+                    taken.append(("c", None))
+                    yield c
+
+    offered = connections()
+    try:
+        results = spread(app).run(offered, [values(0), values(1)])
+    finally:
+        offered.close()
+    assert [type(r) for r in results] == [int, int]
+    assert [name for name, _ in taken] == ["a", "b"]
+    assert taken[1][1] == pq.TransactionStatus.ACTIVE  # a's statement was running
+    assert spread(app).run([], []) == []
+
+
 def test_connections_inside_a_transaction_are_refused(app: Scheduler) -> None:
     with app.store.engine.connect() as conn, conn.begin():
         with pytest.raises(RuntimeError, match="outside a transaction"):

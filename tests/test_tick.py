@@ -610,8 +610,8 @@ def test_due_rows_oldest_first_in_bounded_batches(sched: Scheduler) -> None:
 
 # --- lost race: a stale snapshot never wins -------------------------------------------------
 def stale_snapshot(app: Scheduler, now: datetime) -> Any:
-    with app.store.engine.connect() as conn, conn.begin():
-        [snapshot] = tick_module._due(conn, now, 10, None)
+    with app.store.engine.connect() as conn:
+        [snapshot] = tick_module._due(app.store, conn, now, 10, None)
     return snapshot
 
 
