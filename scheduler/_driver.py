@@ -45,6 +45,24 @@ def driver_error(
     )
 
 
+def _remember_last(process: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`process` with its last input and output kept: a tick passes the same objects for
+    every row (its `now`, the memoised next slot of a shared cron expression), and converting
+    a datetime costs more than the identity check. Values here are immutable; the pair is one
+    tuple, so threads sharing a statement never see an input with another's output."""
+    last: list[tuple[Any, Any]] = [(object(), None)]
+
+    def remembered(value: Any) -> Any:
+        seen, out = last[0]
+        if value is seen:
+            return out
+        out = process(value)
+        last[0] = (value, out)
+        return out
+
+    return remembered
+
+
 class Prepared:
     """One statement compiled for one dialect, run on the cursor of a Connection."""
 
@@ -72,7 +90,7 @@ class Prepared:
         for name, bind in compiled.binds.items():
             process = bind.type.dialect_impl(dialect).bind_processor(dialect)
             if process is not None:
-                self._processors[name] = process
+                self._processors[name] = _remember_last(process)
 
     def arguments(self, params: Mapping[str, Any]) -> Any:
         """The driver's arguments for `params`: each value through its column type."""

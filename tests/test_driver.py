@@ -159,3 +159,20 @@ def test_a_recently_used_connection_is_not_pinged_and_fails_once(server_url: str
         assert app.enqueue("h", {}) > 0
     finally:
         app.close()
+
+
+def test_a_value_converted_last_time_is_reused_only_for_the_same_object(app: Scheduler) -> None:
+    """The processors keep their last input: the same `now` for every row of a tick is
+    converted once, and any other value, equal or not, is converted on its own."""
+    from datetime import timedelta
+
+    later = NOW + timedelta(microseconds=1)
+    equal_copy = NOW.replace()  # equal, another object
+    with app.store.engine.connect() as conn:
+        prepared = PreparedSet(lambda _dialect: INSERT).on(conn)
+        for when in (NOW, NOW, later, equal_copy, NOW):
+            with conn.begin():
+                prepared.run(conn, {**VALUES, "p_now": when})
+    with app.store.read() as conn:
+        stored = conn.execute(select(jobs.c.run_at).order_by(jobs.c.id)).scalars().all()
+    assert stored == [NOW, NOW, later, NOW, NOW]
