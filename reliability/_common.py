@@ -132,9 +132,7 @@ def write_config(
 # -- processes -------------------------------------------------------------------------------
 def child_env(url: str, out: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(HERE), env.get("PYTHONPATH", "")) if p
-    )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH", "")) if p)
     env["RELIABILITY_OUT"] = str(out)
     env["SCHEDULER_DATABASE_URL"] = url  # wins over the file, and over the caller's own
     env.pop("SCHEDULER_CONFIG", None)
@@ -163,8 +161,17 @@ class Worker:
         self.log = out / "logs" / f"{name}.log"
         self._log = open(self.log, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "scheduler.cli", "--config", str(config),
-             "--log-level", level, "worker", *args],
+            [
+                sys.executable,
+                "-m",
+                "scheduler.cli",
+                "--config",
+                str(config),
+                "--log-level",
+                level,
+                "worker",
+                *args,
+            ],
             env=child_env(url, out),
             stdout=self._log,
             stderr=subprocess.STDOUT,

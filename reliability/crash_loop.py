@@ -163,8 +163,10 @@ def run(
             victim.kill9()
             kills_mid_handler += running_in(out, victim.pid)
             if verbose and (i + 1) % 10 == 0:
-                print(f"  {i + 1} kills, {len(queue.kinds)} jobs, "
-                      f"{time.monotonic() - started:.0f}s", flush=True)
+                print(
+                    f"  {i + 1} kills, {len(queue.kinds)} jobs, {time.monotonic() - started:.0f}s",
+                    flush=True,
+                )
         # Drain: no more jobs; every lease left by a victim expires and is taken over.
         drain_deadline = time.monotonic() + 3 * lease + 60
         while time.monotonic() < drain_deadline and queue.active():
@@ -177,8 +179,17 @@ def run(
                 v.kill9()
         code = c.stop_all([survivor], grace=30)["survivor"]
     try:
-        return analyse(queue, out, survivor, victims, code, left_active, seed,
-                       kills_mid_handler, rounds_without_job)
+        return analyse(
+            queue,
+            out,
+            survivor,
+            victims,
+            code,
+            left_active,
+            seed,
+            kills_mid_handler,
+            rounds_without_job,
+        )
     finally:
         queue.close()
 
@@ -207,15 +218,18 @@ def analyse(
     safe = [j for j, k in queue.kinds.items() if k == "rel.safe"]
     lost = [j for j in queue.kinds if j not in db or db[j].state not in TERMINAL]
     stuck_end = [
-        j for j in db.values()
-        if j.state == "claimed" and j.lease_expires_at is not None
+        j
+        for j in db.values()
+        if j.state == "claimed"
+        and j.lease_expires_at is not None
         and j.lease_expires_at < now - timedelta(seconds=queue.stuck_after)
     ]
     unsafe_abandoned = [j for j in unsafe if db[j].last_error_code == "abandoned"]
     missing_hook = [j for j in unsafe_abandoned if abandoned[j] == 0]
     # An unsafe job whose handler was cut short must end abandoned, never succeeded.
     cut_not_abandoned = [
-        j for j in unsafe
+        j
+        for j in unsafe
         if starts[j] > dones[j] and db[j].state in TERMINAL and db[j].last_error_code != "abandoned"
     ]
     logs = [survivor.output()] + [v.output() for v in victims]
@@ -226,19 +240,27 @@ def analyse(
         c.Figure("jobs succeeded", sum(1 for j in db.values() if j.state == "succeeded")),
         c.Figure("jobs aborted: abandoned", len(unsafe_abandoned)),
         c.Figure("retry-safe jobs run again", sum(1 for j in safe if starts[j] > 1)),
-        c.Figure("abandoned after the handler finished", sum(
-            1 for j in unsafe_abandoned if dones[j] > 0)),
+        c.Figure(
+            "abandoned after the handler finished", sum(1 for j in unsafe_abandoned if dones[j] > 0)
+        ),
         c.Figure("abandoned() called twice", sum(1 for j in unsafe if abandoned[j] > 1)),
         c.Figure("longest expired lease seen (s)", round(queue.max_expired_age, 2)),
         c.Figure("jobs lost", len(lost), True),
-        c.Figure("stuck claimed after lease expiry", len(queue.stuck | {j.id for j in stuck_end}),
-                 True),
+        c.Figure(
+            "stuck claimed after lease expiry", len(queue.stuck | {j.id for j in stuck_end}), True
+        ),
         c.Figure("non-retry-safe jobs run twice", sum(1 for j in unsafe if starts[j] > 1), True),
         c.Figure("abandoned() calls missing", len(missing_hook) + len(cut_not_abandoned), True),
-        c.Figure("retry-safe jobs not succeeded", sum(
-            1 for j in safe if j in db and db[j].state != "succeeded"), True),
-        c.Figure("succeeded without a finished handler", sum(
-            1 for j in db.values() if j.state == "succeeded" and dones[j.id] == 0), True),
+        c.Figure(
+            "retry-safe jobs not succeeded",
+            sum(1 for j in safe if j in db and db[j].state != "succeeded"),
+            True,
+        ),
+        c.Figure(
+            "succeeded without a finished handler",
+            sum(1 for j in db.values() if j.state == "succeeded" and dones[j.id] == 0),
+            True,
+        ),
         c.Figure("survivor exited non-zero", int(survivor_code != 0), True),
         c.Figure("tracebacks in worker logs", c.tracebacks(logs), True),
     ]

@@ -96,7 +96,9 @@ class Producer(threading.Thread):
             while True:  # the same job until acknowledged; the dedupe key makes it idempotent
                 try:
                     job_id = self.app.enqueue(
-                        handler, payload, dedupe_key=f"n-{self.n}",
+                        handler,
+                        payload,
+                        dedupe_key=f"n-{self.n}",
                         max_attempts=10 if handler == "rel.safe" else 3,
                     )
                     self.acked[self.n] = (job_id, handler)
@@ -234,8 +236,11 @@ def analyse(
         c.Figure("pg_ctlcluster failed", sum(1 for *_, s in restart_log if s != 0), True),
         c.Figure("jobs lost", len(lost), True),
         c.Figure("non-retry-safe jobs run twice", sum(1 for j in unsafe if starts[j] > 1), True),
-        c.Figure("succeeded without a finished handler", sum(
-            1 for j in acked if j in db and db[j].state == "succeeded" and dones[j] == 0), True),
+        c.Figure(
+            "succeeded without a finished handler",
+            sum(1 for j in acked if j in db and db[j].state == "succeeded" and dones[j] == 0),
+            True,
+        ),
         c.Figure("workers died", sum(1 for a in alive.values() if not a), True),
         c.Figure("workers exited non-zero", sum(1 for v in codes.values() if v != 0), True),
         c.Figure("server left stopped", int(not running), True),
@@ -253,7 +258,11 @@ def main() -> int:
         c.check_loopback(args.url)  # before anything is created
     out = c.workdir("restart")
     result = run(
-        args.url, seconds=args.seconds, restarts=args.restarts, rate=args.rate, seed=args.seed,
+        args.url,
+        seconds=args.seconds,
+        restarts=args.restarts,
+        rate=args.rate,
+        seed=args.seed,
         out=out,
     )
     return c.finish("db_restart", result, out, args.keep)

@@ -232,8 +232,9 @@ def analyse(
                 expected_slot = slot_after if prev.now is not None else None
             if ev is None:
                 if eligible <= t_end - budget:
-                    lost.append(f"{name}: due and idle from {_dt(eligible):%H:%M:%S.%f}, "
-                                "never dispatched")
+                    lost.append(
+                        f"{name}: due and idle from {_dt(eligible):%H:%M:%S.%f}, never dispatched"
+                    )
                 break
             if ev.kind == "dispatch" and ev.slot is not None:
                 if ev.now is not None and ev.slot > ev.now + 1e-6:
@@ -244,8 +245,10 @@ def analyse(
                 gap = ev.t - eligible
                 latencies.append(max(gap, 0.0))
                 if gap > budget:
-                    lost.append(f"{name}: due and idle from {_dt(eligible):%H:%M:%S.%f}, "
-                                f"next {ev.kind} {gap:.2f}s later")
+                    lost.append(
+                        f"{name}: due and idle from {_dt(eligible):%H:%M:%S.%f}, "
+                        f"next {ev.kind} {gap:.2f}s later"
+                    )
             prev = ev
 
     # Counted over the measured window, as the slots are.
@@ -282,8 +285,9 @@ def analyse(
         c.Figure("dispatched before its slot", early, True),
         c.Figure("slot chain breaks", chain_breaks, True),
         c.Figure("dispatched after a disable", after_disable, True),
-        c.Figure("disables signalled more than once",
-                 sum(n - 1 for n in disabled_events.values()), True),
+        c.Figure(
+            "disables signalled more than once", sum(n - 1 for n in disabled_events.values()), True
+        ),
         c.Figure("disables never signalled", never_signalled, True),
         c.Figure("workers exited non-zero", sum(1 for v in codes.values() if v != 0), True),
         c.Figure("tracebacks in worker logs", c.tracebacks(logs), True),
@@ -297,8 +301,12 @@ def main() -> int:
     p.add_argument("--processes", type=int, default=8)
     p.add_argument("--rows", type=int, default=200)
     p.add_argument("--concurrency", type=int, default=8, help="job threads per process")
-    p.add_argument("--budget", type=float, default=5.0,
-                   help="seconds an idle due row may wait for its dispatch")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=5.0,
+        help="seconds an idle due row may wait for its dispatch",
+    )
     args = p.parse_args()
     if args.url:
         c.check_loopback(args.url)  # before anything is created

@@ -102,8 +102,15 @@ def safe(job: Any) -> None:
 
 
 def _unsafe_abandoned(job: Any) -> None:
-    marker({"job": job.id, "attempt": job.attempt, "handler": job.handler, "m": "abandoned",
-            "n": job.payload.get("n")})
+    marker(
+        {
+            "job": job.id,
+            "attempt": job.attempt,
+            "handler": job.handler,
+            "m": "abandoned",
+            "n": job.payload.get("n"),
+        }
+    )
 
 
 @default_registry.handler("rel.unsafe", retry_safe=False, abandoned=_unsafe_abandoned)
@@ -125,13 +132,27 @@ def on_rerun(sender: str, **kw: Any) -> None:
 
 @signals.row_disabled.connect
 def on_disabled(sender: str, **kw: Any) -> None:
-    event({"e": "disabled", "row": kw["row"], "alert_id": kw.get("alert_id"),
-           "failures": kw.get("consecutive_failures"), "disabled_at": kw.get("disabled_at")})
+    event(
+        {
+            "e": "disabled",
+            "row": kw["row"],
+            "alert_id": kw.get("alert_id"),
+            "failures": kw.get("consecutive_failures"),
+            "disabled_at": kw.get("disabled_at"),
+        }
+    )
 
 
 def _job_event(name: str, job: Any) -> None:
-    event({"e": name, "job": job.id, "row": job.task_name, "state": job.state,
-           "finished_at": job.finished_at})
+    event(
+        {
+            "e": name,
+            "job": job.id,
+            "row": job.task_name,
+            "state": job.state,
+            "finished_at": job.finished_at,
+        }
+    )
 
 
 @signals.job_succeeded.connect

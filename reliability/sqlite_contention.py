@@ -129,10 +129,12 @@ def run(
         c.Figure("disables signalled more than once", sum(n - 1 for n in disables.values()), True),
         c.Figure('"database is locked" in logs', locked_lines, True),
         c.Figure('"database is locked" raised to the producer', producer.errors["locked"], True),
-        c.Figure("other producer errors", sum(producer.errors.values())
-                 - producer.errors["locked"], True),
-        c.Figure("database errors in logs", sum(t.count("database error") for t in logs.values()),
-                 True),
+        c.Figure(
+            "other producer errors", sum(producer.errors.values()) - producer.errors["locked"], True
+        ),
+        c.Figure(
+            "database errors in logs", sum(t.count("database error") for t in logs.values()), True
+        ),
         c.Figure("tracebacks in logs", c.tracebacks(logs.values()), True),
         c.Figure("jobs left claimed", states["claimed"], True),
         c.Figure("processes exited non-zero", sum(1 for v in codes.values() if v != 0), True),
