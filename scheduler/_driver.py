@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Connection, Dialect
 from sqlalchemy.exc import DBAPIError, StatementError
@@ -61,6 +61,9 @@ def _remember_last(process: Callable[[Any], Any]) -> Callable[[Any], Any]:
         return out
 
     return remembered
+
+
+T = TypeVar("T")
 
 
 class Prepared:
@@ -130,17 +133,21 @@ class Prepared:
         return cursor
 
 
-class PreparedSet:
-    """A statement compiled lazily, once per dialect object (one per engine)."""
+class PreparedSet(Generic[T]):
+    """A statement compiled lazily, once per dialect object (one per engine), by `make` (a
+    :class:`Prepared`, or ``_pgspread.Spread``) from what `build` returns for the dialect."""
 
-    def __init__(self, build: Callable[[str], ClauseElement]) -> None:
+    def __init__(
+        self, build: Callable[[str], ClauseElement], make: Callable[[ClauseElement, Dialect], T]
+    ) -> None:
         self._build = build
-        self._by_dialect: weakref.WeakKeyDictionary[Dialect, Prepared] = weakref.WeakKeyDictionary()
+        self._make = make
+        self._by_dialect: weakref.WeakKeyDictionary[Dialect, T] = weakref.WeakKeyDictionary()
 
-    def on(self, conn: Connection) -> Prepared:
+    def on(self, conn: Connection) -> T:
         dialect = conn.dialect
-        prepared = self._by_dialect.get(dialect)
-        if prepared is None:
-            prepared = Prepared(self._build(dialect.name), dialect)
-            self._by_dialect[dialect] = prepared
-        return prepared
+        made = self._by_dialect.get(dialect)
+        if made is None:
+            made = self._make(self._build(dialect.name), dialect)
+            self._by_dialect[dialect] = made
+        return made

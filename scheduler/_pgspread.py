@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import selectors
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
@@ -270,19 +269,3 @@ def _sqlstate(result: Any) -> str | None:
 
     raw = result.error_field(pq.DiagnosticField.SQLSTATE)
     return raw.decode() if raw else None
-
-
-class SpreadSet:
-    """A statement compiled lazily, once per dialect object (one per engine)."""
-
-    def __init__(self, build: Callable[[str], ClauseElement]) -> None:
-        self._build = build
-        self._by_dialect: weakref.WeakKeyDictionary[Dialect, Spread] = weakref.WeakKeyDictionary()
-
-    def on(self, conn: Connection) -> Spread:
-        dialect = conn.dialect
-        spread = self._by_dialect.get(dialect)
-        if spread is None:
-            spread = Spread(self._build(dialect.name), dialect)
-            self._by_dialect[dialect] = spread
-        return spread

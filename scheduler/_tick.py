@@ -35,9 +35,9 @@ from sqlalchemy.sql import ClauseElement
 
 from . import _cron, _jobs, _pgspread, signals
 from ._alerts import Alert, cause, deliver
-from ._driver import PreparedSet
+from ._driver import Prepared, PreparedSet
 from ._jobs import ABORTED, CLAIMED, QUEUED, SUCCEEDED
-from ._pgspread import SpreadSet
+from ._pgspread import Spread
 from ._store import Store
 from ._tables import jobs, rows
 
@@ -182,9 +182,9 @@ def _build_dispatch_swap(_dialect: str) -> ClauseElement:
     )
 
 
-_DISPATCH = PreparedSet(_build_dispatch)
-_DISPATCH_SWAP = PreparedSet(_build_dispatch_swap)
-_DISPATCH_SPREAD = SpreadSet(_build_dispatch)  # PostgreSQL with psycopg: see _spread
+_DISPATCH = PreparedSet(_build_dispatch, Prepared)
+_DISPATCH_SWAP = PreparedSet(_build_dispatch_swap, Prepared)
+_DISPATCH_SPREAD = PreparedSet(_build_dispatch, Spread)  # PostgreSQL with psycopg: see _spread
 
 
 def _dispatch(conn: Connection, params: dict[str, Any]) -> int:
@@ -316,11 +316,7 @@ def _parallel(
         error = future.exception()
         if error is not None:
             failures.append(error)
-    for row in batch:
-        if row.id in decided:
-            _settle(conn, row, *decided[row.id], report)
-    if failures:
-        raise failures[0]
+    _settle_all(conn, batch, decided, failures, report)
 
 
 def _spread(
@@ -371,6 +367,18 @@ def _spread(
                     )
     except BaseException as exc:  # report what committed first
         failures.append(exc)
+    _settle_all(conn, batch, decided, failures, report)
+
+
+def _settle_all(
+    conn: Connection,
+    batch: list[Any],
+    decided: dict[int, Decided],
+    failures: list[BaseException],
+    report: TickReport,
+) -> None:
+    """Report the decided rows (and send their signals) in due order, then raise the first
+    failure: what committed is reported even when another row failed."""
     for row in batch:
         if row.id in decided:
             _settle(conn, row, *decided[row.id], report)

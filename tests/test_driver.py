@@ -47,7 +47,7 @@ def test_values_go_through_the_column_types_and_events_fire(app: Scheduler) -> N
     event.listen(app.store.engine, "before_cursor_execute", before)
     try:
         with app.store.engine.connect() as conn, conn.begin():
-            PreparedSet(lambda _dialect: INSERT).on(conn).run(conn, VALUES)
+            PreparedSet(lambda _dialect: INSERT, Prepared).on(conn).run(conn, VALUES)
     finally:
         event.remove(app.store.engine, "before_cursor_execute", before)
     assert [s for s in seen if s.lstrip().upper().startswith("INSERT")] != []
@@ -64,7 +64,7 @@ def test_values_go_through_the_column_types_and_events_fire(app: Scheduler) -> N
 
 
 def test_driver_errors_are_sqlalchemys_and_the_connection_recovers(app: Scheduler) -> None:
-    prepared = PreparedSet(lambda _dialect: INSERT)
+    prepared = PreparedSet(lambda _dialect: INSERT, Prepared)
     with app.store.engine.connect() as conn:
         with pytest.raises(IntegrityError), conn.begin():  # NOT NULL handler
             prepared.on(conn).run(conn, {**VALUES, "p_handler": None})
@@ -78,7 +78,7 @@ def test_driver_errors_are_sqlalchemys_and_the_connection_recovers(app: Schedule
 def test_a_lost_connection_invalidates_it(pg_url: str) -> None:
     app = Scheduler(pg_url)
     try:
-        prepared = PreparedSet(lambda _dialect: INSERT)
+        prepared = PreparedSet(lambda _dialect: INSERT, Prepared)
         with app.store.engine.connect() as conn:
             pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
             conn.commit()
@@ -169,7 +169,7 @@ def test_a_value_converted_last_time_is_reused_only_for_the_same_object(app: Sch
     later = NOW + timedelta(microseconds=1)
     equal_copy = NOW.replace()  # equal, another object
     with app.store.engine.connect() as conn:
-        prepared = PreparedSet(lambda _dialect: INSERT).on(conn)
+        prepared = PreparedSet(lambda _dialect: INSERT, Prepared).on(conn)
         for when in (NOW, NOW, later, equal_copy, NOW):
             with conn.begin():
                 prepared.run(conn, {**VALUES, "p_now": when})

@@ -8,31 +8,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, bindparam, create_engine, event, insert, select, text
+from sqlalchemy import Connection, create_engine, event, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from test_driver import INSERT as INSERT_JOB
 
 from scheduler import Scheduler
 from scheduler._handlers import Registry
 from scheduler._pgspread import Spread
-from scheduler._tables import UTCDateTime, jobs
+from scheduler._tables import jobs
 
 NOW = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 
-INSERT = (
-    insert(jobs)
-    .values(
-        handler=bindparam("p_handler", type_=jobs.c.handler.type),
-        payload=bindparam("p_payload", type_=jobs.c.payload.type),
-        queue=bindparam("p_queue", type_=jobs.c.queue.type),
-        priority=bindparam("p_priority", type_=jobs.c.priority.type),
-        run_at=bindparam("p_now", type_=UTCDateTime()),
-        state=bindparam("p_state", type_=jobs.c.state.type),
-        attempts=bindparam("p_attempts", type_=jobs.c.attempts.type),
-        max_attempts=bindparam("p_attempts", type_=jobs.c.max_attempts.type),
-        created_at=bindparam("p_now", type_=UTCDateTime()),
-    )
-    .returning(jobs.c.id)
-)
+INSERT = INSERT_JOB.returning(jobs.c.id)  # test_driver's, returning the new id
 
 
 def values(i: int, **changes: Any) -> dict[str, Any]:
