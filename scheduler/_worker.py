@@ -146,8 +146,22 @@ class Worker:
             pool.shutdown(wait=not left, cancel_futures=True)
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            if once:
+                self._record_one_shot_tick()
             self._unregister()
         return WorkerResult(self._handled, left)
+
+    def _record_one_shot_tick(self) -> None:
+        """A ``--once`` run's tick stays on record after it exits, as ``scheduler tick``'s
+        does (one entry per host, ``HOST:tick``): a worker run from cron(8) or a timer counts
+        for ``status``, which would otherwise warn that no worker is running."""
+        if self._ticked_at is None:
+            return
+        try:
+            tick_id = _health.one_shot_tick_id()
+            _health.touch(self.app.store, tick_id, self.app.clock(), self._ticked_at)
+        except Exception as exc:
+            self._log_error("recording the tick", exc, None)
 
     def stop(self, force: bool = False) -> None:
         """Stop claiming (thread-safe); ``force`` also cuts the shutdown grace short."""

@@ -189,7 +189,10 @@ def tick(state: State, as_json: bool) -> None:
 
 @cli.command()
 @click.option(
-    "--once", is_flag=True, help="One round: take over, tick, run every ready job, then exit."
+    "--once",
+    is_flag=True,
+    help="One round: take over, tick, run every ready job, then exit; the tick stays on"
+    " record for `status` (HOST:tick, as `scheduler tick` records it).",
 )
 @click.option(
     "--concurrency",

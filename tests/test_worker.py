@@ -391,3 +391,26 @@ def test_the_worker_ticks_on_the_grid_whatever_its_start(tmp_path: Path) -> None
     assert 0.4 < phases[0] < 0.75  # the first tick: at start, mid-interval
     late = [round(p, 3) for p in phases[1:4] if p > 0.25]  # 0.25 s of slack for a busy machine
     assert late == [], phases
+
+
+def test_a_once_worker_leaves_its_tick_on_record_for_status(app: Scheduler) -> None:
+    """cron(8) running `worker --once`: between runs `status` still sees the last tick (under
+    the host's one-shot entry, as `scheduler tick` records it) and warns of nothing."""
+    import socket
+
+    from scheduler import TaskSpec
+    from scheduler._health import status
+
+    app.handler("t.ok", retry_safe=True)(lambda job: None)
+    every_minute = TaskSpec(
+        name="every-minute", cron="* * * * *", handler="t.ok", payload={}, timezone="UTC"
+    )
+    app.sync([every_minute])
+    before = status(app)["health"]
+    assert before["warnings"] == ["no worker is running: start `scheduler worker`"]
+    began = datetime.now(UTC)
+    Worker(app, concurrency=1).run(once=True)
+    health = status(app)["health"]
+    assert health["warnings"] == []
+    assert [w["id"] for w in health["workers"]] == [f"{socket.gethostname()}:tick"]
+    assert began <= datetime.fromisoformat(health["last_tick_at"]) <= datetime.now(UTC)
