@@ -84,9 +84,9 @@ jobs = Table(
     Column("lease_expires_at", UTCDateTime),
     Column("started_at", UTCDateTime),
     Column("last_error_code", String(200)),
-    # Set only while the job is active (queued or claimed); NULLs never collide, so the
-    # unique constraint is "at most one active job per key" on every engine.
-    Column("dedupe_key", UniqueKey, unique=True),
+    # Set only while the job is active (queued or claimed), so the unique index below is "at
+    # most one active job per key" on every engine.
+    Column("dedupe_key", UniqueKey),
     Column("task_name", String(200)),
     Column("created_at", UTCDateTime, nullable=False),
     Column("finished_at", UTCDateTime),
@@ -96,6 +96,8 @@ jobs = Table(
     # an enqueue or a dispatch writes no entry in them. MariaDB has no partial indexes.
     Index("ix_scheduler_jobs_lease", "state", "lease_expires_at", **_where("lease_expires_at")),
     Index("ix_scheduler_jobs_finished", "state", "finished_at", **_where("finished_at")),
+    # Only jobs with a key are in it (revision 0003): most jobs have none, a dispatch never.
+    Index("ux_scheduler_jobs_dedupe", "dedupe_key", unique=True, **_where("dedupe_key")),
 )
 
 runs = Table(

@@ -22,6 +22,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from conftest import MYSQL_SERVER, MYSQL_URL, PG_SERVER, PG_URL, require_server
 from sqlalchemy import Engine, create_engine, inspect, text
+from sqlalchemy.exc import IntegrityError
 
 from scheduler import Scheduler, SchemaOutdated
 from scheduler._handlers import Registry
@@ -266,6 +267,109 @@ def test_the_partial_indexes_serve_their_queries_with_bound_parameters(app: Sche
     else:
         plan = _explain_with_parameters(app, _jobs.purge_statement(now, now), {})
         assert "ix_scheduler_jobs_finished" in plan, plan
+
+
+# -- revision 0003: the dedupe key's unique index holds only the jobs with a key -------------
+def dedupe_index_condition(engine: Engine) -> str | None:
+    """The WHERE of the dedupe key's unique index (None: full; KeyError: no such index)."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            sql = conn.execute(
+                text("SELECT sql FROM sqlite_master WHERE name = 'ux_scheduler_jobs_dedupe'")
+            ).scalar_one()
+        elif engine.dialect.name == "postgresql":
+            sql = conn.execute(
+                text(
+                    "SELECT indexdef FROM pg_indexes WHERE indexname = 'ux_scheduler_jobs_dedupe'"
+                    " AND schemaname = current_schema()"
+                )
+            ).scalar_one()
+        else:
+            unique = conn.execute(
+                text(
+                    "SELECT non_unique FROM information_schema.statistics WHERE table_schema ="
+                    " DATABASE() AND index_name = 'ux_scheduler_jobs_dedupe'"
+                )
+            ).scalar_one()
+            assert unique == 0
+            sql = ""
+    where = sql.upper().split(" WHERE ", 1)
+    return where[1].strip() if len(where) == 2 else None
+
+
+def test_0003_keeps_the_jobs_and_the_one_active_job_per_key(app: Scheduler):
+    """Up from 0002 with jobs in the table (SQLite rebuilds it), down again, up again: every
+    row kept, the index partial where the engine can, a second active job per key refused."""
+    from sqlalchemy import insert, select
+
+    from scheduler._jobs import new_job_values
+    from scheduler._tables import jobs
+
+    engine = app.store.engine
+    app.migrate()
+    downgrade(app.store, "0002")
+    from datetime import UTC, datetime
+
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    with app.store.begin() as conn:
+        for key in ("a", None, "b", None):
+            conn.execute(
+                insert(jobs).values(
+                    new_job_values(handler="h", payload="{}", now=now, dedupe_key=key)
+                )
+            )
+    before = _job_rows(app)
+    app.migrate()
+    assert current_revision(app.store) == head_revision()
+    assert _job_rows(app) == before
+    partial = engine.dialect.name in ("sqlite", "postgresql")
+    condition = dedupe_index_condition(engine)
+    if partial:
+        assert condition is not None and "DEDUPE_KEY IS NOT NULL" in condition
+    else:
+        assert condition is None
+    with pytest.raises(IntegrityError), app.store.begin() as conn:
+        conn.execute(
+            insert(jobs).values(new_job_values(handler="h", payload="{}", now=now, dedupe_key="a"))
+        )
+    with app.store.begin() as conn:  # any number of jobs without a key
+        conn.execute(insert(jobs).values(new_job_values(handler="h", payload="{}", now=now)))
+    downgrade(app.store, "0002")
+    assert len(_job_rows(app)) == 5
+    with pytest.raises(IntegrityError), app.store.begin() as conn:  # the constraint is back
+        conn.execute(
+            insert(jobs).values(new_job_values(handler="h", payload="{}", now=now, dedupe_key="b"))
+        )
+    app.migrate()
+    assert schema_diff(engine) == []
+    assert dedupe_index_condition(engine) == condition
+    with app.store.read() as conn:
+        assert conn.execute(select(jobs.c.id).where(jobs.c.dedupe_key == "b")).all() != []
+
+
+def _job_rows(app: Scheduler) -> list[tuple[Any, ...]]:
+    from sqlalchemy import select
+
+    from scheduler._tables import jobs
+
+    with app.store.read() as conn:
+        return [tuple(r) for r in conn.execute(select(jobs).order_by(jobs.c.id))]
+
+
+def test_the_dedupe_lookup_uses_the_partial_index(app: Scheduler):
+    from scheduler import _jobs
+
+    app.migrate()
+    app.enqueue("h", {}, dedupe_key="k")
+    if app.store.engine.dialect.name in ("sqlite", "postgresql"):
+        plan = _explain_with_parameters(app, _jobs._BY_KEY, {"p_key": "k"})
+    else:  # MariaDB: the full unique index, under the same name
+        with app.store.engine.connect() as conn:
+            explained = conn.exec_driver_sql(
+                "EXPLAIN SELECT id FROM scheduler_jobs WHERE dedupe_key = %s", ("k",)
+            )
+            plan = str([dict(r._mapping) for r in explained])
+    assert "ux_scheduler_jobs_dedupe" in plan, plan
 
 
 def test_outdated_schema_refuses_to_run_and_says_migrate(empty_url: str):
