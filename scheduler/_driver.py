@@ -45,6 +45,16 @@ def driver_error(
     )
 
 
+def cursor_events(
+    listeners: Any, conn: Connection, cursor: Any, statement: str, arguments: Any
+) -> None:
+    """Run a connection's ``before_cursor_execute`` or ``after_cursor_execute`` listeners, as
+    ``Connection.execute`` does around the driver's execute (statement counters, echo)."""
+    if listeners:
+        for listener in listeners:
+            listener(conn, cursor, statement, arguments, None, False)
+
+
 def _remember_last(process: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """`process` with its last input and output kept: a tick passes the same objects for
     every row (its `now`, the memoised next slot of a shared cron expression), and converting
@@ -69,7 +79,7 @@ T = TypeVar("T")
 class Prepared:
     """One statement compiled for one dialect, run on the cursor of a Connection."""
 
-    __slots__ = ("_dialect", "_names", "_positional", "_prepare", "_processors", "sql")
+    __slots__ = ("_dialect", "_names", "_positional", "_processors", "sql")
 
     def __init__(
         self, statement: ClauseElement, dialect: Dialect, *, compile_as: Dialect | None = None
@@ -83,7 +93,6 @@ class Prepared:
                 raise ValueError(f"parameter {name!r} must be a plain required bindparam")
         self.sql = compiled.string
         self._dialect = dialect
-        self._prepare = dialect.driver == "psycopg"
         self._positional = (compile_as or dialect).positional
         if self._positional:
             self._names: tuple[str, ...] = tuple(compiled.positiontup or ())
@@ -107,29 +116,13 @@ class Prepared:
     def run(self, conn: Connection, params: Mapping[str, Any]) -> Any:
         """Execute on `conn`'s current transaction; return the driver's cursor."""
         arguments = self.arguments(params)
-        proxied = conn.connection
-        cursor = proxied.cursor()
-        dispatch = conn.dispatch
-        if dispatch.before_cursor_execute:
-            for listener in dispatch.before_cursor_execute:
-                listener(conn, cursor, self.sql, arguments, None, False)
+        cursor = conn.connection.cursor()
+        cursor_events(conn.dispatch.before_cursor_execute, conn, cursor, self.sql, arguments)
         try:
-            if self._prepare:
-                # psycopg prepares a statement server-side after 5 runs on one connection; a
-                # tick spreads a few rows over several connections, so that could take many
-                # ticks, each paying parse and plan. Prepare at once, unless the connection
-                # has preparing turned off (prepare_threshold=None, as behind PgBouncer).
-                driver: Any = proxied.driver_connection
-                prepare = True if driver.prepare_threshold is not None else None
-                psycopg_cursor: Any = cursor
-                psycopg_cursor.execute(self.sql, arguments, prepare=prepare)
-            else:
-                cursor.execute(self.sql, arguments)
+            cursor.execute(self.sql, arguments)
         except self._dialect.loaded_dbapi.Error as exc:
             raise driver_error(conn, self.sql, arguments, exc, cursor) from exc
-        if dispatch.after_cursor_execute:
-            for listener in dispatch.after_cursor_execute:
-                listener(conn, cursor, self.sql, arguments, None, False)
+        cursor_events(conn.dispatch.after_cursor_execute, conn, cursor, self.sql, arguments)
         return cursor
 
 

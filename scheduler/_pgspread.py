@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy import Connection, Dialect
 from sqlalchemy.sql import ClauseElement
 
-from ._driver import Prepared, driver_error
+from ._driver import Prepared, cursor_events, driver_error
 
 _PREPARED_KEY = "scheduler_prepared"  # in a pooled connection's info: names prepared on it
 
@@ -186,10 +186,8 @@ class _Lane:
     def send(self, index: int, params: Mapping[str, Any]) -> None:
         spread, conn = self.spread, self.conn
         self.index = index
-        self.args = args = spread.arguments(params)
-        if conn.dispatch.before_cursor_execute:
-            for listener in conn.dispatch.before_cursor_execute:
-                listener(conn, self.cursor, spread.sql, args, None, False)
+        self.args = spread.arguments(params)
+        cursor_events(conn.dispatch.before_cursor_execute, conn, self.cursor, spread.sql, self.args)
         self.retried = False
         self._transmit()
 
@@ -237,9 +235,10 @@ class _Lane:
         results[self.index] = outcome
         if isinstance(outcome, BaseException):
             self.usable = not self.conn.invalidated
-        elif self.conn.dispatch.after_cursor_execute:
-            for listener in self.conn.dispatch.after_cursor_execute:
-                listener(self.conn, self.cursor, self.spread.sql, self.args, None, False)
+        else:
+            conn = self.conn
+            after = conn.dispatch.after_cursor_execute
+            cursor_events(after, conn, self.cursor, self.spread.sql, self.args)
         return True
 
     def error(self, result: Any) -> BaseException:
