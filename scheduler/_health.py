@@ -3,7 +3,7 @@
 :func:`status` reads in one transaction, four queries (rows with their last job's state, one
 aggregate over the jobs, the latest finished attempt, the workers); ``now`` defaults to the
 app's clock. Workers record that they are alive with :func:`touch` (``scheduler_workers``), and
-``scheduler tick`` its ticks, under :func:`one_shot_tick_id`.
+``scheduler tick`` and ``worker --once`` their ticks with :func:`record_one_shot_tick`.
 """
 
 from __future__ import annotations
@@ -78,8 +78,15 @@ def touch(store: Store, worker_id: str, now: datetime, last_tick_at: datetime | 
 
 
 def one_shot_tick_id() -> str:
-    """The id ``scheduler tick`` records its ticks under: one row per host, not one per run."""
+    """The id ``scheduler tick`` and ``scheduler worker --once`` record their ticks under: one
+    row per host, not one per run."""
     return f"{socket.gethostname()}:tick"
+
+
+def record_one_shot_tick(store: Store, now: datetime, ticked_at: datetime) -> None:
+    """Keep a tick of a process that exits right after on record, under
+    :func:`one_shot_tick_id`: ticks run from cron(8) or a timer count for :func:`status`."""
+    touch(store, one_shot_tick_id(), now, ticked_at)
 
 
 def forget(

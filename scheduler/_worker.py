@@ -3,9 +3,10 @@
 Every ``tick_interval`` the worker ticks, on the wall clock's multiples of it plus a small
 offset of its own (see :func:`tick_offset`); at least every second it takes over jobs whose
 lease expired and claims ready ones, never more than it has free threads (``concurrency``; 0 =
-tick only). A heartbeat thread renews the leases of the running jobs every third of a lease. Every
-minute it purges old jobs and delivers ``row_disabled`` alerts a crash left undelivered. It
-keeps a row in ``scheduler_workers`` (``scheduler status`` reads it) and deletes it on exit.
+tick only). A heartbeat thread renews the leases of the running jobs every third of a lease.
+Every minute it purges old jobs and delivers ``row_disabled`` alerts a crash left undelivered.
+It keeps a row in ``scheduler_workers`` (``scheduler status`` reads it) and deletes it on exit;
+a ``--once`` run leaves its tick on record for ``status`` (``_health.record_one_shot_tick``).
 
 SIGTERM/SIGINT stop the claiming; running jobs get ``shutdown_grace_seconds`` to finish (a
 second signal cuts the grace short); jobs still running then are left to lease expiry and
@@ -158,8 +159,7 @@ class Worker:
         if self._ticked_at is None:
             return
         try:
-            tick_id = _health.one_shot_tick_id()
-            _health.touch(self.app.store, tick_id, self.app.clock(), self._ticked_at)
+            _health.record_one_shot_tick(self.app.store, self.app.clock(), self._ticked_at)
         except Exception as exc:
             self._log_error("recording the tick", exc, None)
 

@@ -180,7 +180,7 @@ def tick(state: State, as_json: bool) -> None:
     import_handlers(app.worker_settings.imports)  # the jobs it creates take their defaults
     report = app.tick().as_dict()
     ticked_at = app.clock()
-    _health.touch(app.store, _health.one_shot_tick_id(), ticked_at, ticked_at)
+    _health.record_one_shot_tick(app.store, ticked_at, ticked_at)
     if as_json:
         click.echo(json.dumps(report))
         return
