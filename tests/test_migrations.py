@@ -155,9 +155,12 @@ def test_downgrade_to_base_and_upgrade_again(app: Scheduler):
 
 
 # -- revision 0002: partial lease and finished indexes ----------------------------------------
-def index_conditions(engine: Engine) -> dict[str, str | None]:
-    """The WHERE of the lease and finished indexes as the database reports it (None: full)."""
-    names = ("ix_scheduler_jobs_lease", "ix_scheduler_jobs_finished")
+def index_conditions(
+    engine: Engine,
+    names: tuple[str, ...] = ("ix_scheduler_jobs_lease", "ix_scheduler_jobs_finished"),
+) -> dict[str, str | None]:
+    """The WHERE of each index in `names` as the database reports it (None: full); by default
+    the lease and finished indexes."""
     with engine.connect() as conn:
         if engine.dialect.name == "sqlite":
             found = {
@@ -271,30 +274,13 @@ def test_the_partial_indexes_serve_their_queries_with_bound_parameters(app: Sche
 
 # -- revision 0003: the dedupe key's unique index holds only the jobs with a key -------------
 def dedupe_index_condition(engine: Engine) -> str | None:
-    """The WHERE of the dedupe key's unique index (None: full; KeyError: no such index)."""
-    with engine.connect() as conn:
-        if engine.dialect.name == "sqlite":
-            sql = conn.execute(
-                text("SELECT sql FROM sqlite_master WHERE name = 'ux_scheduler_jobs_dedupe'")
-            ).scalar_one()
-        elif engine.dialect.name == "postgresql":
-            sql = conn.execute(
-                text(
-                    "SELECT indexdef FROM pg_indexes WHERE indexname = 'ux_scheduler_jobs_dedupe'"
-                    " AND schemaname = current_schema()"
-                )
-            ).scalar_one()
-        else:
-            unique = conn.execute(
-                text(
-                    "SELECT non_unique FROM information_schema.statistics WHERE table_schema ="
-                    " DATABASE() AND index_name = 'ux_scheduler_jobs_dedupe'"
-                )
-            ).scalar_one()
-            assert unique == 0
-            sql = ""
-    where = sql.upper().split(" WHERE ", 1)
-    return where[1].strip() if len(where) == 2 else None
+    """The WHERE of the dedupe key's index (None: full), which must be unique on every engine."""
+    [index] = [i for i in inspect(engine).get_indexes("scheduler_jobs") if i["name"] == DEDUPE]
+    assert index["unique"] and index["column_names"] == ["dedupe_key"]
+    return index_conditions(engine, (DEDUPE,))[DEDUPE]
+
+
+DEDUPE = "ux_scheduler_jobs_dedupe"
 
 
 def test_0003_keeps_the_jobs_and_the_one_active_job_per_key(app: Scheduler):
