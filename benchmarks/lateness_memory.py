@@ -28,7 +28,7 @@ from sqlalchemy import func, insert, select
 
 from scheduler import Scheduler
 from scheduler._jobs import new_job_values
-from scheduler._tables import jobs
+from scheduler._store.tables import jobs
 
 HERE = Path(__file__).resolve().parent
 CHUNK = 1000

@@ -30,7 +30,7 @@ from sqlalchemy.engine import make_url
 
 from scheduler import Scheduler, TaskSpec
 from scheduler._handlers import Registry
-from scheduler._tables import metadata
+from scheduler._store.tables import metadata
 
 PG_URL = os.environ.get("SCHEDULER_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 MYSQL_URL = os.environ.get("SCHEDULER_BENCH_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test")

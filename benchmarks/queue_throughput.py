@@ -45,7 +45,7 @@ from sqlalchemy import (
 from scheduler import Scheduler
 from scheduler._jobs import new_job_values
 from scheduler._store import make_engine
-from scheduler._tables import jobs as our_jobs
+from scheduler._store.tables import jobs as our_jobs
 from scheduler._worker import Worker
 
 HANDLER = "bench.noop"

@@ -46,8 +46,8 @@ from sqlalchemy import (
 
 from scheduler import Scheduler
 from scheduler._store import make_engine
-from scheduler._tables import jobs as our_jobs
-from scheduler._tables import rows as our_rows
+from scheduler._store.tables import jobs as our_jobs
+from scheduler._store.tables import rows as our_rows
 
 HANDLER = "bench.noop"
 CRON = "0 0 * * *"  # daily at midnight: a dispatched row is not due again during the run

@@ -9,7 +9,7 @@ from __future__ import annotations
 from alembic import context
 
 from scheduler._migrate import VERSION_TABLE
-from scheduler._tables import metadata
+from scheduler._store.tables import metadata
 
 connection = context.config.attributes["connection"]
 context.configure(

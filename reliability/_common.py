@@ -82,7 +82,7 @@ def prepare_database(url: str) -> None:
     from scheduler import Scheduler
     from scheduler._handlers import Registry
     from scheduler._migrate import VERSION_TABLE
-    from scheduler._tables import metadata
+    from scheduler._store.tables import metadata
 
     app = Scheduler(url, registry=Registry())
     try:

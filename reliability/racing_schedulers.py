@@ -135,7 +135,7 @@ def analyse(
     """``times``: before and after the sync, and the end of the measured run."""
     from scheduler import Scheduler
     from scheduler._handlers import Registry
-    from scheduler._tables import jobs, rows
+    from scheduler._store.tables import jobs, rows
 
     t_before, t_sync, t_end = times
     records = list(c.read_jsonl(out / "events"))

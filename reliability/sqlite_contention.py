@@ -28,7 +28,7 @@ import _common as c
 
 from scheduler import Scheduler
 from scheduler._handlers import Registry
-from scheduler._tables import jobs
+from scheduler._store.tables import jobs
 
 LOCKED = re.compile(r"database (table )?is locked|SQLITE_BUSY", re.IGNORECASE)
 

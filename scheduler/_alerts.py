@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, select, update
 
 from . import signals
-from ._tables import jobs, rows, runs
+from ._store.tables import jobs, rows, runs
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from . import _rows
 from ._jobs import CLAIMED, QUEUED, STATES
 from ._store import Store
-from ._tables import jobs, runs, workers
+from ._store.tables import jobs, runs, workers
 
 if TYPE_CHECKING:
     from ._app import Scheduler

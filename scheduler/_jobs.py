@@ -33,7 +33,7 @@ from sqlalchemy.sql.elements import BindParameter
 
 from ._payload import decode_payload
 from ._store import Store
-from ._tables import jobs, rows, runs
+from ._store.tables import jobs, rows, runs
 
 QUEUED, CLAIMED, SUCCEEDED, ABORTED = "queued", "claimed", "succeeded", "aborted"
 STATES = (QUEUED, CLAIMED, SUCCEEDED, ABORTED)

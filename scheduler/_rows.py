@@ -12,7 +12,7 @@ from sqlalchemy import Connection, insert, select, update
 from . import _cron
 from ._errors import ConfigError, SchedulerError, UnknownRow
 from ._payload import decode_payload, encode_payload
-from ._tables import jobs, rows
+from ._store.tables import jobs, rows
 
 REASON_MANUAL = "manual"
 REASON_CONFIG = "disabled_in_config"

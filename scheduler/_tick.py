@@ -39,7 +39,7 @@ from ._driver import Prepared, PreparedSet
 from ._jobs import ABORTED, CLAIMED, QUEUED, SUCCEEDED
 from ._pgspread import Spread
 from ._store import Store
-from ._tables import jobs, rows
+from ._store.tables import jobs, rows
 
 log = logging.getLogger(__name__)
 

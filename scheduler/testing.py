@@ -29,7 +29,7 @@ from sqlalchemy import func, select, true
 
 from . import signals as _signals
 from ._jobs import CLAIMED, QUEUED
-from ._tables import jobs, rows
+from ._store.tables import jobs, rows
 from ._tick import DISPATCHED, RERUN, TickReport
 from ._time import as_utc
 

@@ -19,7 +19,7 @@ from scheduler import Scheduler
 from scheduler._handlers import Registry
 from scheduler._migrate import VERSION_TABLE
 from scheduler._store import Store
-from scheduler._tables import metadata
+from scheduler._store.tables import metadata
 
 PG_SERVER = os.environ.get("SCHEDULER_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 MYSQL_SERVER = os.environ.get("SCHEDULER_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test")

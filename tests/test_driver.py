@@ -12,7 +12,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from scheduler import Scheduler
 from scheduler._driver import Prepared, PreparedSet
-from scheduler._tables import UTCDateTime, jobs
+from scheduler._store.tables import UTCDateTime, jobs
 
 NOW = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 
@@ -131,7 +131,7 @@ def _kill_pooled_backends(app: Scheduler, url: str) -> None:
 def test_an_idle_pooled_connection_is_pinged_and_replaced(
     server_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from scheduler import _store
+    from scheduler._store import engine as _store
 
     monkeypatch.setattr(_store, "IDLE_PING_SECONDS", 0.0)  # every checkout counts as idle
     app = Scheduler(server_url)

@@ -28,7 +28,7 @@ from sqlalchemy import select
 from scheduler import ConfigError, PayloadError, Scheduler, load_config
 from scheduler._handlers import Registry
 from scheduler._store import Store
-from scheduler._tables import jobs, rows
+from scheduler._store.tables import jobs, rows
 
 FUZZ = settings(
     max_examples=60,

@@ -27,7 +27,7 @@ from sqlalchemy.exc import IntegrityError
 from scheduler import Scheduler, SchemaOutdated
 from scheduler._handlers import Registry
 from scheduler._migrate import VERSION_TABLE, current_revision, downgrade, head_revision
-from scheduler._tables import metadata
+from scheduler._store.tables import metadata
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS = {t.name for t in metadata.sorted_tables}
@@ -289,7 +289,7 @@ def test_0003_keeps_the_jobs_and_the_one_active_job_per_key(app: Scheduler):
     from sqlalchemy import insert, select
 
     from scheduler._jobs import new_job_values
-    from scheduler._tables import jobs
+    from scheduler._store.tables import jobs
 
     engine = app.store.engine
     app.migrate()
@@ -336,7 +336,7 @@ def test_0003_keeps_the_jobs_and_the_one_active_job_per_key(app: Scheduler):
 def _job_rows(app: Scheduler) -> list[tuple[Any, ...]]:
     from sqlalchemy import select
 
-    from scheduler._tables import jobs
+    from scheduler._store.tables import jobs
 
     with app.store.read() as conn:
         return [tuple(r) for r in conn.execute(select(jobs).order_by(jobs.c.id))]

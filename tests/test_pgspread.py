@@ -15,7 +15,7 @@ from test_driver import INSERT as INSERT_JOB
 from scheduler import Scheduler
 from scheduler._handlers import Registry
 from scheduler._pgspread import Spread
-from scheduler._tables import jobs
+from scheduler._store.tables import jobs
 
 NOW = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 

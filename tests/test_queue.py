@@ -29,7 +29,7 @@ from scheduler import LeaseLost, PayloadError, PermanentError, Scheduler, TaskSp
 from scheduler._handlers import Registry
 from scheduler._jobs import new_job_values
 from scheduler._runner import RunningJob
-from scheduler._tables import jobs, metadata, runs
+from scheduler._store.tables import jobs, metadata, runs
 
 T0 = datetime(2030, 1, 7, 12, 0, 0, 250_000, tzinfo=UTC)
 ROOT = Path(__file__).resolve().parent.parent

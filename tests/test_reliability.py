@@ -22,7 +22,7 @@ from sqlalchemy import select, update
 
 from scheduler import Scheduler, TaskSpec, signals
 from scheduler._handlers import Registry
-from scheduler._tables import rows
+from scheduler._store.tables import rows
 from scheduler.testing import ManualClock, capture_signals
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,7 +24,7 @@ from scheduler import (
     signals,
 )
 from scheduler._handlers import Registry
-from scheduler._tables import metadata
+from scheduler._store.tables import metadata
 from scheduler.testing import ManualClock, capture_signals, drive
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)

@@ -24,7 +24,7 @@ from sqlalchemy import event, func, select, update
 from scheduler import PermanentError, Scheduler, SchedulerError, TaskSpec, UnknownRow, signals
 from scheduler import _tick as tick_module
 from scheduler._handlers import Registry
-from scheduler._tables import jobs, rows
+from scheduler._store.tables import jobs, rows
 from scheduler.testing import ManualClock, capture_signals, drive
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)

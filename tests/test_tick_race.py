@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 
 from scheduler import Scheduler, TaskSpec
 from scheduler._handlers import Registry
-from scheduler._tables import jobs, rows
+from scheduler._store.tables import jobs, rows
 from scheduler.testing import ManualClock
 
 WORKER = Path(__file__).with_name("tick_race_worker.py")

@@ -21,7 +21,7 @@ from test_cli import COMMAND, write_config
 
 from scheduler import Scheduler
 from scheduler._handlers import Registry
-from scheduler._tables import workers
+from scheduler._store.tables import workers
 from scheduler._worker import MAX_TICK_OFFSET, Worker, tick_offset, until_next_tick
 
 ROOT = Path(__file__).resolve().parent.parent

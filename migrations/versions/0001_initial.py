@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from scheduler._tables import Id, Payload, UniqueKey, UTCDateTime
+from scheduler._store.tables import Id, Payload, UniqueKey, UTCDateTime
 
 revision = "0001"
 down_revision = None

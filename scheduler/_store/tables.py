@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 
-from ._time import as_utc
+from .._time import as_utc
 
 metadata = MetaData()
 
