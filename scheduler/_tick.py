@@ -35,7 +35,7 @@ from sqlalchemy.sql import ClauseElement
 
 from . import _cron, _jobs, _pgspread, signals
 from ._alerts import Alert, cause, deliver
-from ._driver import Prepared, PreparedSet
+from ._store.driver import Prepared, PreparedSet
 from ._jobs import ABORTED, CLAIMED, QUEUED, SUCCEEDED
 from ._pgspread import Spread
 from ._store import Store

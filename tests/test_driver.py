@@ -11,7 +11,7 @@ from sqlalchemy import bindparam, create_engine, event, insert, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from scheduler import Scheduler
-from scheduler._driver import Prepared, PreparedSet
+from scheduler._store.driver import Prepared, PreparedSet
 from scheduler._store.tables import UTCDateTime, jobs
 
 NOW = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)

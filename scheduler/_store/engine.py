@@ -22,7 +22,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 
-from .._driver import driver_error
+from .driver import driver_error
 
 log = logging.getLogger(__name__)
 
