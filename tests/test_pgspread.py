@@ -14,7 +14,7 @@ from test_driver import INSERT as INSERT_JOB
 
 from scheduler import Scheduler
 from scheduler._handlers import Registry
-from scheduler._pgspread import Spread
+from scheduler._dispatch.pipeline import Spread
 from scheduler._store.tables import jobs
 
 NOW = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
@@ -228,7 +228,7 @@ def test_connections_inside_a_transaction_are_refused(app: Scheduler) -> None:
 def test_values_are_sent_as_postgresqls_text_input() -> None:
     import enum
 
-    from scheduler._pgspread import _text
+    from scheduler._dispatch.pipeline import _text
 
     class Level(enum.IntEnum):
         HIGH = 3

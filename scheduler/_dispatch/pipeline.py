@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy import Connection, Dialect
 from sqlalchemy.sql import ClauseElement
 
-from ._store.driver import Prepared, cursor_events, driver_error
+from .._store.driver import Prepared, cursor_events, driver_error
 
 _PREPARED_KEY = "scheduler_prepared"  # in a pooled connection's info: names prepared on it
 

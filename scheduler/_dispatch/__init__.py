@@ -1,0 +1,1 @@
+"""Carrying out the tick's decisions: one dispatcher per way of executing statements."""
