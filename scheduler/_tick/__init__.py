@@ -33,14 +33,14 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql import ClauseElement
 
-from . import _cron, _jobs, signals
-from ._dispatch import pipeline as _pgspread
-from ._alerts import Alert, cause, deliver
-from ._store.driver import Prepared, PreparedSet
-from ._jobs import ABORTED, CLAIMED, QUEUED, SUCCEEDED
-from ._dispatch.pipeline import Spread
-from ._store import Store
-from ._store.tables import jobs, rows
+from .. import _cron, _jobs, signals
+from .._dispatch import pipeline as _pgspread
+from .._alerts import Alert, cause, deliver
+from .._store.driver import Prepared, PreparedSet
+from .._jobs import ABORTED, CLAIMED, QUEUED, SUCCEEDED
+from .._dispatch.pipeline import Spread
+from .._store import Store
+from .._store.tables import jobs, rows
 
 log = logging.getLogger(__name__)
 
