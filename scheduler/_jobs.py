@@ -33,9 +33,10 @@ from sqlalchemy.sql.elements import BindParameter
 
 from ._payload import decode_payload
 from ._store import Store
-from ._store.tables import jobs, rows, runs
+from ._store.tables import JobState, jobs, rows, runs
 
-QUEUED, CLAIMED, SUCCEEDED, ABORTED = "queued", "claimed", "succeeded", "aborted"
+QUEUED, CLAIMED, SUCCEEDED = JobState.QUEUED, JobState.CLAIMED, JobState.SUCCEEDED
+ABORTED = JobState.ABORTED
 STATES = (QUEUED, CLAIMED, SUCCEEDED, ABORTED)
 
 
@@ -258,7 +259,7 @@ def claim(
     queues: Sequence[str] = ("default",),
 ) -> list[Job]:
     """Move up to ``limit`` ready jobs ``queued -> claimed`` for ``owner``."""
-    returning = store.caps.update_returning and store.caps.dialect != "mysql"
+    returning = store.caps.claim_returning
     statements = _claim_statements(store.caps.skip_locked, returning)
     params = {
         "p_now": now,

@@ -13,8 +13,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from test_driver import INSERT as INSERT_JOB
 
 from scheduler import Scheduler
-from scheduler._handlers import Registry
 from scheduler._dispatch.pipeline import Spread
+from scheduler._handlers import Registry
 from scheduler._store.tables import jobs
 
 NOW = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)

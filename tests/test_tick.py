@@ -8,7 +8,6 @@ worker, so nothing sleeps. Cron ``*/10 * * * *`` from 2030-01-01 00:00Z gives sl
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import subprocess
@@ -23,8 +22,14 @@ from sqlalchemy import event, func, select, update
 
 from scheduler import PermanentError, Scheduler, SchedulerError, TaskSpec, UnknownRow, signals
 from scheduler import _tick as tick_module
+from scheduler._dispatch import Dispatcher, Work
+from scheduler._dispatch.portable import PortableDispatcher
+from scheduler._dispatch.postgres import PostgresDispatcher
 from scheduler._handlers import Registry
 from scheduler._store.tables import jobs, rows
+from scheduler._tick import loop as tick_loop
+from scheduler._tick.due import DueRow, due
+from scheduler._tick.loop import next_slot
 from scheduler.testing import ManualClock, capture_signals, drive
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -609,24 +614,33 @@ def test_due_rows_oldest_first_in_bounded_batches(sched: Scheduler) -> None:
 
 
 # --- lost race: a stale snapshot never wins -------------------------------------------------
-def stale_snapshot(app: Scheduler, now: datetime) -> Any:
+def stale_snapshot(app: Scheduler, now: datetime) -> DueRow:
     with app.store.engine.connect() as conn:
-        [snapshot] = tick_module._due(app.store, conn, now, 10, None)
+        [snapshot] = due(app.store, conn, now, 10, None)
     return snapshot
 
 
-def run_one(app: Scheduler, snapshot: Any, now: datetime) -> tick_module.TickReport:
+def carry(
+    app: Scheduler, snapshot: DueRow, now: datetime, dispatcher: Dispatcher
+) -> tick_module.TickReport:
+    """The snapshot decided and carried out by `dispatcher`, then reported as the tick does."""
+    decision = tick_module.decide(
+        snapshot,
+        now,
+        max_consecutive_failures=app.settings.max_consecutive_failures,
+        next_slot=next_slot,
+    )
+    work = Work(now=now, job_defaults=app._job_defaults, connections=4)
     report = tick_module.TickReport()
     with app.store.engine.connect() as conn:
-        outcome, after_commit = tick_module._one(
-            conn,
-            snapshot,
-            now=now,
-            global_limit=app.settings.max_consecutive_failures,
-            job_defaults=app._job_defaults,
-        )
-        tick_module._settle(conn, snapshot, outcome, after_commit, report)
+        carried = dispatcher.carry_out(app.store, conn, [(snapshot, decision)], work)
+        tick_loop._settle(conn, [snapshot], carried, report)
     return report
+
+
+def run_one(app: Scheduler, snapshot: DueRow, now: datetime) -> tick_module.TickReport:
+    """One row on its own connection, through the portable dispatcher (every engine)."""
+    return carry(app, snapshot, now, PortableDispatcher(single_writer=True))
 
 
 def test_lost_race_on_a_stale_dispatch_writes_nothing(sched: Scheduler, db_url: str) -> None:
@@ -646,20 +660,10 @@ def test_lost_race_on_a_stale_dispatch_writes_nothing(sched: Scheduler, db_url: 
         assert conn.execute(select(func.count()).select_from(jobs)).scalar_one() == 1
 
 
-def spread_one(app: Scheduler, snapshot: Any, now: datetime) -> tick_module.TickReport:
-    """PostgreSQL: the snapshot through the tick's spread path (one statement per fresh row,
+def spread_one(app: Scheduler, snapshot: DueRow, now: datetime) -> tick_module.TickReport:
+    """PostgreSQL: the snapshot through the PostgreSQL dispatcher (one statement per fresh row,
     over connections at once)."""
-    report = tick_module.TickReport()
-    decide = functools.partial(
-        tick_module._one,
-        now=now,
-        global_limit=app.settings.max_consecutive_failures,
-        job_defaults=app._job_defaults,
-    )
-    fresh = functools.partial(tick_module._fresh_params, now=now, job_defaults=app._job_defaults)
-    with app.store.engine.connect() as conn:
-        tick_module._spread(app.store, conn, [snapshot], 4, decide, fresh, report)
-    return report
+    return carry(app, snapshot, now, PostgresDispatcher())
 
 
 def fresh_then_stale(sched: Scheduler, run: Callable[..., tick_module.TickReport]) -> None:
@@ -674,13 +678,13 @@ def fresh_then_stale(sched: Scheduler, run: Callable[..., tick_module.TickReport
 
 
 def test_a_fresh_snapshot_dispatches_once_on_its_own(sched: Scheduler) -> None:
-    """A row decided on its own connection (_one; every engine): the fresh snapshot wins
+    """A row carried out on its own connection (portable dispatcher): the fresh snapshot wins
     once; the same snapshot again is stale and writes nothing."""
     fresh_then_stale(sched, run_one)
 
 
 def test_a_fresh_snapshot_dispatches_once_spread(pg_url: str) -> None:
-    """The same through PostgreSQL's spread path (the tick's fresh rows, psycopg)."""
+    """The same through the PostgreSQL dispatcher (the tick's fresh rows, psycopg)."""
     app = Scheduler(pg_url, registry=Registry())
     try:
         fresh_then_stale(with_handlers(app), spread_one)

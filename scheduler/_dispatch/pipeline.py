@@ -36,11 +36,6 @@ from .._store.driver import Prepared, cursor_events, driver_error
 _PREPARED_KEY = "scheduler_prepared"  # in a pooled connection's info: names prepared on it
 
 
-def available(conn: Connection) -> bool:
-    """Whether `conn` can run statements here: psycopg on PostgreSQL."""
-    return conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg"
-
-
 def _number(value: Any, _encoding: str) -> bytes:
     return str(value).encode()
 

@@ -35,7 +35,19 @@ class Capabilities:
 
     dialect: str
     update_returning: bool
+    """UPDATE ... RETURNING (not MariaDB: it has INSERT/DELETE ... RETURNING only)."""
     skip_locked: bool
+    """SELECT ... FOR UPDATE SKIP LOCKED."""
+    claim_returning: bool = False
+    """A job claim is one UPDATE ... RETURNING (else SELECT, UPDATE, SELECT what was won)."""
+    single_writer: bool = False
+    """One write transaction at a time (SQLite): more connections would only wait."""
+    pipeline: bool = False
+    """PostgreSQL through psycopg: statements can be sent on several connections at once from
+    one thread (``scheduler/_dispatch/pipeline.py``), each its own transaction."""
+    autocommit_reads: bool = False
+    """A read-only statement can run in the driver's autocommit (psycopg), skipping the BEGIN
+    and COMMIT round trips."""
 
 
 def _sqlite_hooks(engine: Engine) -> None:
@@ -114,11 +126,17 @@ class Store:
         )
         dialect = self.engine.dialect
         name = dialect.name
+        update_returning = bool(getattr(dialect, "update_returning", False))
+        psycopg = name == "postgresql" and dialect.driver == "psycopg"
         self.caps = Capabilities(
             dialect=name,
             # MariaDB has INSERT/DELETE ... RETURNING but no UPDATE ... RETURNING.
-            update_returning=bool(getattr(dialect, "update_returning", False)),
+            update_returning=update_returning,
             skip_locked=name in ("postgresql", "mysql", "mariadb"),
+            claim_returning=update_returning and name != "mysql",
+            single_writer=name == "sqlite",
+            pipeline=psycopg,
+            autocommit_reads=psycopg,
         )
         self._helpers: ThreadPoolExecutor | None = None
         self._helper_threads = 0
@@ -168,7 +186,7 @@ class Store:
         transaction. On PostgreSQL (psycopg) the statement runs in the driver's autocommit: a
         statement is its own snapshot there, and the BEGIN and COMMIT round trips would cost
         more than the statement. Elsewhere it runs in :meth:`reading`."""
-        if conn.dialect.driver != "psycopg":
+        if not self.caps.autocommit_reads:
             with self.reading(conn):
                 return list(conn.execute(statement, params))
         driver: Any = conn.connection.driver_connection

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
@@ -25,6 +26,20 @@ from sqlalchemy.dialects import mysql
 from .._time import as_utc
 
 metadata = MetaData()
+
+
+class JobState(StrEnum):
+    """A job's state (``scheduler_jobs.state``); the values are what the column holds, so a
+    member compares equal to the plain string read back."""
+
+    QUEUED = "queued"
+    """Waiting for its ``run_at`` and a worker."""
+    CLAIMED = "claimed"
+    """A worker holds its lease and runs it (a retry waiting for its back-off is ``queued``)."""
+    SUCCEEDED = "succeeded"
+    """Finished: the handler returned."""
+    ABORTED = "aborted"
+    """Finished without success: out of attempts, or an error that is not retried."""
 
 
 class UTCDateTime(TypeDecorator[datetime]):

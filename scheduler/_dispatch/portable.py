@@ -1,0 +1,302 @@
+"""The portable dispatcher: SQLAlchemy Core on every engine, each row in its own transaction.
+
+Every write to a row is a compare-and-swap on its version; a miss means another process wrote
+the row since the due query read it, and the row's transaction rolls back (``lost_race``):
+
+- dispatch: INSERT the job, then point the row at it, moving it to its next slot (the job's
+  INSERT is rolled back with the swap if the swap misses);
+- rerun: the swap (failure count, next slot), then reset the aborted job to ``queued``, itself
+  conditional on the job still being ``aborted``;
+- disable: the swap (not enabled, why and when, the failure count, the alert's id); the alert
+  goes out after the commit;
+- hold back: nothing is written, so no transaction at all.
+
+A fresh dispatch, the tick's hot path, runs its two statements on the driver's cursor
+(``_store/driver.py``). With more than one connection configured (not on SQLite, which has one
+writer at a time), a batch's rows are taken in due order by several connections on helper
+threads.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, insert, literal_column, update
+
+from .. import _jobs, signals
+from .._alerts import Alert, cause, deliver
+from .._store import Store
+from .._store.driver import Prepared, PreparedSet
+from .._store.tables import JobState, jobs, rows
+from .._tick.decide import Action, Decision
+from .._tick.due import DueRow
+from .._tick.report import Outcome
+from . import Carried, Decided, Done, Work
+
+log = logging.getLogger(__name__)
+
+_P = bindparam
+
+# The new job's values are _jobs.new_job_values', each a parameter named "j_" + its column.
+JOB_COLUMNS: tuple[str, ...] = ("handler", "payload", "queue", "priority", "run_at", "state")
+JOB_COLUMNS += ("attempts", "max_attempts", "dedupe_key", "task_name", "created_at")
+JOB_PARAMS = {c: _P(f"j_{c}", type_=jobs.c[c].type) for c in JOB_COLUMNS}
+# The row's compare-and-swap of a fresh dispatch: parameters "r_" + what they set.
+SWAP_VALUES = {
+    "version": rows.c.version + literal_column("1"),
+    "updated_at": _P("p_now", type_=rows.c.updated_at.type),
+    "consecutive_failures": _P("r_failures", type_=rows.c.consecutive_failures.type),
+    "next_run_at": _P("r_next_run_at", type_=rows.c.next_run_at.type),
+}
+SWAP_WHERE = (
+    rows.c.id == _P("r_id", type_=rows.c.id.type),
+    rows.c.version == _P("r_version", type_=rows.c.version.type),
+)
+
+# PostgreSQL's drivers report no lastrowid: the INSERT returns the id there.
+_RETURNS_ID = frozenset({"postgresql"})
+_INSERT_JOB = PreparedSet(
+    lambda dialect: (
+        insert(jobs).values(JOB_PARAMS).returning(jobs.c.id)
+        if dialect in _RETURNS_ID
+        else insert(jobs).values(JOB_PARAMS)
+    ),
+    Prepared,
+)
+_POINT_ROW = PreparedSet(
+    lambda _dialect: (
+        update(rows)
+        .where(*SWAP_WHERE)
+        .values(last_job_id=_P("r_job_id", type_=rows.c.last_job_id.type), **SWAP_VALUES)
+    ),
+    Prepared,
+)
+_RESET_JOB = (
+    update(jobs)
+    .where(jobs.c.id == _P("p_id"), jobs.c.state == JobState.ABORTED)
+    .values(
+        state=JobState.QUEUED,
+        attempts=0,
+        max_attempts=_P("p_max_attempts"),
+        queue=_P("p_queue"),
+        handler=_P("p_handler"),
+        payload=_P("p_payload"),
+        run_at=_P("p_now"),
+        last_error_code=None,
+        lease_owner=None,
+        lease_expires_at=None,
+        started_at=None,
+        finished_at=None,
+    )
+)
+
+# Fewer rows than this per connection are not worth a checkout.
+ROWS_PER_CONNECTION = 2
+
+
+class _Rollback(Exception):
+    """The row's transaction rolls back with this outcome (a compare-and-swap missed)."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+
+
+def fresh_params(row: DueRow, decision: Decision, work: Work) -> dict[str, Any]:
+    """The parameters of a fresh dispatch: the new job's values and the row's swap."""
+    max_attempts, queue = work.job_defaults(row.handler)
+    job = _jobs.new_job_values(
+        handler=row.handler,
+        payload=row.payload,
+        now=work.now,
+        max_attempts=max_attempts,
+        queue=queue,
+        task_name=row.name,
+    )
+    params = {f"j_{column}": value for column, value in job.items()}
+    params.update(
+        p_now=work.now,
+        r_id=row.id,
+        r_version=row.version,
+        r_failures=decision.failures,
+        r_next_run_at=decision.next_run_at,
+    )
+    return params
+
+
+def dispatched(row: DueRow, job_id: int) -> Done:
+    """A fresh dispatch that committed: the ``job_dispatched`` signal follows."""
+    return Outcome.DISPATCHED, lambda _conn: signals.send(
+        signals.job_dispatched,
+        row.name,
+        row=row.name,
+        job_id=job_id,
+        slot=row.next_run_at,
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _swap_statement(keys: tuple[str, ...]) -> Any:
+    return (
+        update(rows)
+        .where(rows.c.id == _P("p_id"), rows.c.version == _P("p_version"))
+        .values(
+            version=rows.c.version + 1,
+            updated_at=_P("p_now"),
+            **{key: _P(f"p_{key}", type_=rows.c[key].type) for key in keys},
+        )
+    )
+
+
+def _swap(conn: Connection, row: DueRow, work: Work, **values: Any) -> None:
+    """The compare-and-swap on the row's version; a miss means another process won."""
+    params = {f"p_{key}": value for key, value in values.items()}
+    params.update(p_id=row.id, p_version=row.version, p_now=work.now)
+    if conn.execute(_swap_statement(tuple(sorted(values))), params).rowcount != 1:
+        raise _Rollback(Outcome.LOST_RACE)
+
+
+def _disable(conn: Connection, row: DueRow, decision: Decision, work: Work) -> Done:
+    alert_id = uuid.uuid4().hex
+    _swap(
+        conn,
+        row,
+        work,
+        enabled=False,
+        disabled_reason=decision.reason,
+        disabled_at=work.now,
+        consecutive_failures=decision.failures,
+        alert_id=alert_id,
+    )
+    code = cause(conn, row.last_job_id, row.job_error)
+    log.warning(
+        "row %s disabled after %s consecutive failures (last error %s)",
+        row.name,
+        decision.failures,
+        code,
+        extra={"action": "row_disabled", "row": row.name, "code": code},
+    )
+    assert row.last_job_id is not None  # an aborted last job is what disables a row
+    alert = Alert(row.id, row.name, decision.failures, code, row.last_job_id, work.now, alert_id)
+    return Outcome.DISABLED, lambda after: deliver(after, alert)
+
+
+def _rerun(conn: Connection, row: DueRow, decision: Decision, work: Work) -> Done:
+    max_attempts, queue = work.job_defaults(row.handler)
+    _swap(
+        conn,
+        row,
+        work,
+        consecutive_failures=decision.failures,
+        next_run_at=decision.next_run_at,
+    )
+    reset = conn.execute(
+        _RESET_JOB,
+        {
+            "p_id": row.last_job_id,
+            "p_max_attempts": max_attempts,
+            "p_queue": queue,
+            "p_handler": row.handler,
+            "p_payload": row.payload,
+            "p_now": work.now,
+        },
+    )
+    if reset.rowcount != 1:
+        raise _Rollback(Outcome.LOST_RACE)
+    return Outcome.RERUN, lambda _conn: signals.send(
+        signals.job_rerun,
+        row.name,
+        row=row.name,
+        job_id=row.last_job_id,
+        consecutive_failures=decision.failures,
+    )
+
+
+def _dispatch(conn: Connection, row: DueRow, decision: Decision, work: Work) -> Done:
+    params = fresh_params(row, decision, work)
+    cursor = _INSERT_JOB.on(conn).run(conn, params)
+    job_id = int(cursor.fetchone()[0] if conn.dialect.name in _RETURNS_ID else cursor.lastrowid)
+    params["r_job_id"] = job_id
+    if _POINT_ROW.on(conn).run(conn, params).rowcount != 1:
+        raise _Rollback(Outcome.LOST_RACE)
+    return dispatched(row, job_id)
+
+
+_WRITES = {Action.DISABLE: _disable, Action.RERUN: _rerun, Action.DISPATCH: _dispatch}
+
+
+def carry_out_row(conn: Connection, row: DueRow, decision: Decision, work: Work) -> Done:
+    """One decision in its own transaction on `conn` (a hold back needs none)."""
+    if decision.action is Action.HOLD_BACK:
+        return Outcome.HELD_BACK, None
+    write = _WRITES.get(decision.action)
+    if write is None:
+        raise NotImplementedError(f"no dispatcher writes {decision.action!r} yet")
+    try:
+        with conn.begin():
+            return write(conn, row, decision, work)
+    except _Rollback as rolled_back:
+        return rolled_back.outcome, None
+
+
+class PortableDispatcher:
+    """SQLAlchemy Core, every engine: each row in turn on one connection, or taken in due order
+    by several connections on helper threads when more than one is configured."""
+
+    def __init__(self, *, single_writer: bool) -> None:
+        self.single_writer = single_writer
+
+    def carry_out(
+        self, store: Store, conn: Connection, decided: Sequence[Decided], work: Work
+    ) -> Carried:
+        connections = 1 if self.single_writer or work.connections < 0 else work.connections
+        lanes = min(max(connections, 1), len(decided) // ROWS_PER_CONNECTION)
+        if lanes > 1:
+            return _parallel(store, conn, decided, lanes, work)
+        carried = Carried()
+        for row, decision in decided:
+            try:
+                carried.done[row.id] = carry_out_row(conn, row, decision, work)
+            except BaseException as exc:  # the rows before it committed: report them
+                carried.failures.append(exc)
+                break
+        return carried
+
+
+def _parallel(
+    store: Store, conn: Connection, decided: Sequence[Decided], lanes: int, work: Work
+) -> Carried:
+    """Rows taken in due order by `lanes` connections (this thread runs the first on `conn`).
+    A lane that fails stops; the others go on."""
+    carried = Carried()
+    # Each lane takes the next row when it is free, so a helper that starts late (it waits for
+    # the GIL and a connection) takes fewer rows. A deque's popleft is thread-safe.
+    pending = collections.deque(decided)
+
+    def lane(lane_conn: Connection) -> None:
+        while True:
+            try:
+                row, decision = pending.popleft()
+            except IndexError:
+                return
+            carried.done[row.id] = carry_out_row(lane_conn, row, decision, work)
+
+    def helper() -> None:
+        with store.engine.connect() as helper_conn:
+            lane(helper_conn)
+
+    helpers = store.helpers(lanes - 1)
+    futures = [helpers.submit(helper) for _ in range(lanes - 1)]
+    try:
+        lane(conn)
+    except BaseException as exc:  # wait for the other lanes' commits first
+        carried.failures.append(exc)
+    for future in futures:
+        error = future.exception()
+        if error is not None:
+            carried.failures.append(error)
+    return carried

@@ -1,0 +1,113 @@
+"""The PostgreSQL dispatcher (psycopg): a fresh dispatch is one statement, and a batch's fresh
+dispatches run at once over several connections.
+
+The statement is a data-modifying CTE: the row's compare-and-swap takes the new job's id from
+the jobs' sequence, and the job's INSERT runs only for the row it returns (none if the swap
+missed: ``lost_race``). One statement is one round trip, and it is its own transaction (the
+driver's implicit one, committed at once). Run one after another, every row would wait for its
+commit's WAL flush; run on several connections at once (``pipeline.py``), the commits that wait
+together share a flush.
+
+The other decisions (rerun, disable, hold back) are few; they go through the portable writes,
+one by one on the tick's connection, before the fresh dispatches are sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, func, insert, literal_column, select, update
+from sqlalchemy.sql import ClauseElement
+
+from .._store import Store
+from .._store.driver import PreparedSet
+from .._store.tables import jobs, rows
+from .._tick.decide import Action
+from .._tick.report import Outcome
+from . import Carried, Decided, Work
+from .pipeline import Spread
+from .portable import (
+    JOB_COLUMNS,
+    JOB_PARAMS,
+    ROWS_PER_CONNECTION,
+    SWAP_VALUES,
+    SWAP_WHERE,
+    carry_out_row,
+    dispatched,
+    fresh_params,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONNECTIONS = 4
+"""Connections a batch's fresh dispatches are spread over unless configured."""
+
+
+def build_dispatch(_dialect: str) -> ClauseElement:
+    """The one-statement fresh dispatch: compare-and-swap, then INSERT for the row it returns."""
+    sequence: Any = literal_column("pg_get_serial_sequence('scheduler_jobs', 'id')")
+    swapped = (
+        update(rows)
+        .where(*SWAP_WHERE)
+        .values(last_job_id=func.nextval(sequence), **SWAP_VALUES)
+        .returning(rows.c.last_job_id)
+        .cte("swapped")
+    )
+    source = select(swapped.c.last_job_id, *(JOB_PARAMS[c] for c in JOB_COLUMNS))
+    columns = [jobs.c.id, *(jobs.c[c] for c in JOB_COLUMNS)]
+    return insert(jobs).from_select(columns, source).returning(jobs.c.id)
+
+
+_DISPATCH = PreparedSet(build_dispatch, Spread)
+
+
+class PostgresDispatcher:
+    """PostgreSQL with psycopg: the batch's fresh dispatches over several connections at once."""
+
+    def carry_out(
+        self, store: Store, conn: Connection, decided: Sequence[Decided], work: Work
+    ) -> Carried:
+        carried = Carried()
+        fresh: list[Decided] = []
+        try:
+            for row, decision in decided:
+                if decision.action is Action.DISPATCH:
+                    fresh.append((row, decision))
+                else:
+                    carried.done[row.id] = carry_out_row(conn, row, decision, work)
+            if fresh:
+                self._spread(store, conn, fresh, work, carried)
+        except BaseException as exc:  # report what committed first
+            carried.failures.append(exc)
+        return carried
+
+    def _spread(
+        self, store: Store, conn: Connection, fresh: list[Decided], work: Work, carried: Carried
+    ) -> None:
+        connections = 1 if work.connections < 0 else work.connections or DEFAULT_CONNECTIONS
+        lanes = max(1, min(connections, len(fresh) // ROWS_PER_CONNECTION))
+        with contextlib.ExitStack() as stack:
+
+            def lane_connections() -> Iterator[Connection]:
+                yield conn  # its first row is on its way before the next checkout
+                for _ in range(lanes - 1):
+                    try:
+                        extra = stack.enter_context(store.engine.connect())
+                    except Exception:  # the lanes already open go on with every row
+                        log.debug("tick: no more connections for the batch", exc_info=True)
+                        return
+                    yield extra
+
+            found = _DISPATCH.on(conn).run(
+                lane_connections(), fresh, lambda item: fresh_params(item[0], item[1], work)
+            )
+        for (row, _decision), job_id in zip(fresh, found, strict=True):
+            if isinstance(job_id, BaseException):
+                carried.failures.append(job_id)
+            elif job_id is None:
+                carried.done[row.id] = (Outcome.LOST_RACE, None)
+            else:
+                carried.done[row.id] = dispatched(row, job_id)

@@ -1,0 +1,132 @@
+"""The tick: read the due rows in batches, decide each one, have the dispatcher carry it out,
+report the outcomes and send the signals.
+
+Per batch: the due query (``due.py``), one :func:`~scheduler._tick.decide.decide` per row (the
+rules live there), then the engine's dispatcher (``scheduler/_dispatch``) writes the decisions,
+each row in its own transaction. The outcomes are reported, and the signals sent, in due order
+once the batch is carried out; an error is raised after what committed has been reported.
+
+Several processes may tick at once. A row another process dispatched first is lost by this
+one (``lost_race``: its snapshot is stale, the compare-and-swap misses, nothing is written).
+So that the ticks divide a large set of due rows instead of racing for the same ones, a tick
+that lost a race goes on from a random position among the due rows (and comes back for the
+rows before it): two ticks that met part again. Without a lost race, the rows are taken
+oldest ``next_run_at`` first, then by id.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from datetime import datetime
+
+from sqlalchemy import Connection
+
+from .. import _cron
+from .._dispatch import Carried, Decided, Dispatcher, JobDefaults, Work, dispatcher_for
+from .._store import Store
+from .decide import decide
+from .due import DueRow, Position, due, last_id
+from .report import Outcome, TickReport
+
+log = logging.getLogger(__name__)
+
+_random = random.Random()  # where a tick that met another goes on; not a secret
+
+
+def next_slot(row: DueRow, now: datetime) -> datetime:
+    """The row's first cron slot after `now`, in its timezone."""
+    return _cron.next_after(row.cron, row.timezone, now, row.name)
+
+
+def tick(
+    store: Store,
+    *,
+    now: datetime,
+    max_consecutive_failures: int,
+    batch_size: int,
+    job_defaults: JobDefaults,
+    connections: int = 0,
+) -> TickReport:
+    """Run one tick over every due row, in bounded batches."""
+    dispatcher = dispatcher_for(store)
+    work = Work(now=now, job_defaults=job_defaults, connections=connections)
+    report = TickReport()
+    after: Position | None = None
+    seen: set[int] = set()  # the rows decided in this tick, not decided again after a jump
+    jumped = owed = False  # owed: a jump skipped rows; read from the first once past the last
+    # One connection reads each batch, runs its rows (or the first lane of them) and sends the
+    # signals: a checkout costs a round trip where the pool pings (PostgreSQL, MariaDB).
+    with store.engine.connect() as conn:
+        while True:
+            batch = due(store, conn, now, batch_size, after)
+            todo = [row for row in batch if row.id not in seen] if jumped else batch
+            lost = _carry_out(store, conn, todo, max_consecutive_failures, dispatcher, work, report)
+            seen.update(row.id for row in batch)
+            if lost:  # another tick is on these rows: go on from a random position
+                top = last_id(store, conn)
+                after = (batch[0].next_run_at, _random.randint(batch[0].id, max(top, batch[0].id)))
+                jumped = owed = True
+            elif len(batch) < batch_size:
+                if not owed:
+                    return report
+                after, owed = None, False  # back for the rows the jump skipped
+            else:
+                after = (batch[-1].next_run_at, batch[-1].id)
+
+
+def _carry_out(
+    store: Store,
+    conn: Connection,
+    batch: list[DueRow],
+    max_consecutive_failures: int,
+    dispatcher: Dispatcher,
+    work: Work,
+    report: TickReport,
+) -> int:
+    """Decide each row, have the dispatcher write the decisions, report the outcomes; the
+    number of races lost."""
+    if not batch:
+        return 0
+    decided: list[Decided] = []
+    failure: BaseException | None = None
+    for row in batch:
+        try:
+            decision = decide(
+                row,
+                work.now,
+                max_consecutive_failures=max_consecutive_failures,
+                next_slot=next_slot,
+            )
+        except Exception as exc:  # carry out the rows before it, then raise
+            failure = exc
+            break
+        decided.append((row, decision))
+    carried = dispatcher.carry_out(store, conn, decided, work) if decided else Carried()
+    if failure is not None:
+        carried.failures.append(failure)
+    return _settle(conn, batch, carried, report)
+
+
+def _settle(conn: Connection, rows: list[DueRow], carried: Carried, report: TickReport) -> int:
+    """Report what was done (and send its signals) in due order, then raise the first failure:
+    what committed is reported even when another row failed. Returns the races lost."""
+    lost = 0
+    for row in rows:
+        done = carried.done.get(row.id)
+        if done is None:
+            continue
+        outcome, after_commit = done
+        lost += outcome is Outcome.LOST_RACE
+        report.add(outcome, row.name)
+        log.debug(
+            "tick: row %s %s",
+            row.name,
+            outcome,
+            extra={"action": f"row_{outcome}", "row": row.name},
+        )
+        if after_commit is not None:
+            after_commit(conn)
+    if carried.failures:
+        raise carried.failures[0]
+    return lost

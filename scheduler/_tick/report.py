@@ -1,0 +1,44 @@
+"""What a tick reports: each due row's outcome, by row name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Outcome(StrEnum):
+    """What became of one due row in a tick (the :class:`TickReport` list it is named in).
+
+    *Dispatched* outcomes are ``dispatched`` and ``rerun``; the others dispatched nothing.
+    """
+
+    DISPATCHED = "dispatched"
+    """A fresh job was created and the row moved to its next slot."""
+    RERUN = "rerun"
+    """The row's aborted last job was reset and queued again (same job id)."""
+    HELD_BACK = "held_back"
+    """Nothing written: the last job is still in flight and the row is not concurrent."""
+    DISABLED = "disabled"
+    """The row was disabled after too many consecutive failures (the disable committed)."""
+    LOST_RACE = "lost_race"
+    """Another process wrote the row since it was read: this tick wrote nothing for it."""
+
+
+@dataclass
+class TickReport:
+    """Row names per outcome of one tick, in due order."""
+
+    dispatched: list[str] = field(default_factory=list)
+    rerun: list[str] = field(default_factory=list)
+    held_back: list[str] = field(default_factory=list)
+    disabled: list[str] = field(default_factory=list)
+    lost_race: list[str] = field(default_factory=list)
+
+    def add(self, outcome: str, name: str) -> None:
+        getattr(self, outcome).append(name)
+
+    def as_dict(self) -> dict[str, list[str]]:
+        return {k.value: list(getattr(self, k)) for k in Outcome}
+
+    def __bool__(self) -> bool:
+        return any(self.as_dict().values())
