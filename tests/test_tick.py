@@ -613,6 +613,54 @@ def test_due_rows_oldest_first_in_bounded_batches(sched: Scheduler) -> None:
     assert all("LIMIT" in q for q in due_queries)
 
 
+class Halfway:
+    """Where a tick that lost a race goes on: halfway through the range it is given."""
+
+    @staticmethod
+    def randint(low: int, high: int) -> int:
+        return (low + high) // 2
+
+
+def test_a_tick_that_lost_a_race_goes_on_elsewhere_and_still_takes_every_row(
+    sched: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lost race sends the tick to a random position among the due rows (so that ticks
+    racing for the same rows part); it comes back for the rows it skipped, and decides none
+    twice: one report entry and at most one job per row."""
+    monkeypatch.setattr(tick_loop, "_random", Halfway)  # rows are skipped, then come back
+    settings(sched, batch_size=4)
+    names = [f"row-{i:02d}" for i in range(13)]
+    sched.sync([spec("busy", cron="0 0 1 1 *"), *(spec(n, cron="0 0 1 1 *") for n in names)])
+    at(sched, T0)
+    sched.trigger("busy")
+    assert sched.tick(now=T0).dispatched == ["busy"]  # its job stays queued: held back below
+    now = datetime(2031, 1, 1, tzinfo=UTC)  # every row is due, at the same instant
+    statements: list[str] = []
+    bumped: list[str] = []
+
+    def after(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+        if "FROM scheduler_rows LEFT OUTER JOIN scheduler_jobs" in statement and not bumped:
+            bumped.append("row-01")  # another process writes a row this tick has just read
+            with sched.store.begin() as other:
+                other.execute(
+                    update(rows).where(rows.c.name == "row-01").values(version=rows.c.version + 1)
+                )
+
+    event.listen(sched.store.engine, "after_cursor_execute", after)
+    try:
+        report = sched.tick(now=now)
+    finally:
+        event.remove(sched.store.engine, "after_cursor_execute", after)
+    assert report.lost_race == ["row-01"]
+    assert report.held_back == ["busy"]
+    assert sorted(report.dispatched) == [n for n in names if n != "row-01"]
+    assert len(report.dispatched) == len(set(report.dispatched))
+    assert any("max(scheduler_rows.id)" in s for s in statements)  # it went elsewhere
+    assert [job_count(sched, n) for n in names] == [0 if n == "row-01" else 1 for n in names]
+    assert sched.tick(now=now).dispatched == ["row-01"]  # its slot was not lost, only deferred
+
+
 # --- lost race: a stale snapshot never wins -------------------------------------------------
 def stale_snapshot(app: Scheduler, now: datetime) -> DueRow:
     with app.store.engine.connect() as conn:
