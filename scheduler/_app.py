@@ -73,7 +73,8 @@ class Scheduler:
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str], **kwargs: Any) -> Scheduler:
-        """Build from a TOML file (SPEC §3); ``SCHEDULER_DATABASE_URL`` overrides its url."""
+        """Build from a TOML file (docs/reference/toml.md); ``SCHEDULER_DATABASE_URL`` overrides
+        its url."""
         config = load_config(path)
         return cls.from_config(config, **kwargs)
 
@@ -138,7 +139,7 @@ class Scheduler:
             )
 
     def tick(self, now: datetime | None = None) -> TickReport:
-        """Dispatch, rerun, hold back or disable every due row; see SPEC §2."""
+        """Dispatch, rerun, hold back or disable every due row (docs/explanation/tick.md)."""
         self.check_schema()
         return _tick.tick(
             self.store,
@@ -251,7 +252,7 @@ class Scheduler:
             )
 
     def status(self) -> dict[str, Any]:
-        """Rows, job counts and health: the data of ``scheduler status --json`` (SPEC §5)."""
+        """Rows, job counts and health: the data of ``scheduler status --json``."""
         from . import _health
 
         return _health.status(self)

@@ -1,4 +1,4 @@
-"""Cron evaluation and the DST policy (SPEC §2, classic cron(8)).
+"""Cron evaluation and the DST policy (classic cron(8); docs/explanation/dst.md).
 
 Cron is evaluated in the row's IANA zone. A task whose hour field is fixed fires once per local
 date and wall-clock time: on fall-back only at the first occurrence, and a slot inside the

@@ -1,4 +1,4 @@
-"""Health: rows, job counts and the warnings of ``scheduler status`` (SPEC §5, §6).
+"""Health: rows, job counts and the warnings of ``scheduler status`` (docs/runbook.md).
 
 :func:`status` reads in one transaction, four queries (rows with their last job's state, one
 aggregate over the jobs, the latest finished attempt, the workers); ``now`` defaults to the

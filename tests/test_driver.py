@@ -176,3 +176,67 @@ def test_a_value_converted_last_time_is_reused_only_for_the_same_object(app: Sch
     with app.store.read() as conn:
         stored = conn.execute(select(jobs.c.run_at).order_by(jobs.c.id)).scalars().all()
     assert stored == [NOW, NOW, later, NOW, NOW]
+
+
+def test_the_sqlalchemy_behaviour_this_adapter_relies_on(app: Scheduler) -> None:
+    """What scheduler/_store/driver.py takes from SQLAlchemy beyond its public API, pinned
+    here on every engine: an upgrade that changes any of it fails this test."""
+    from sqlalchemy.sql.compiler import SQLCompiler
+
+    from scheduler._store.driver import after_cursor, before_cursor, with_paramstyle
+
+    dialect = app.store.engine.dialect
+    # A compiled statement lists its bind parameters by name in `binds` (with `required` and
+    # `expanding`), its positional order in `positiontup`, its SQL in `string`.
+    compiled = INSERT.compile(dialect=dialect)
+    assert isinstance(compiled, SQLCompiler)
+    assert set(compiled.binds) == set(VALUES)
+    assert all(b.required and not b.expanding for b in compiled.binds.values())
+    numbered = with_paramstyle(dialect, "numeric_dollar")
+    assert type(numbered) is type(dialect) and numbered.positional
+    by_position = INSERT.compile(dialect=numbered)
+    assert isinstance(by_position, SQLCompiler)
+    assert "$1" in by_position.string and set(by_position.positiontup or ()) == set(VALUES)
+    # A bind type's processor for the dialect is what Connection.execute applies.
+    processor = UTCDateTime().dialect_impl(dialect).bind_processor(dialect)
+    assert processor is not None
+
+    # Cursor listeners take what Connection.execute passes them, in the same order and kinds;
+    # the adapter's calls look the same to them.
+    calls: dict[str, list[tuple[Any, ...]]] = {"before": [], "after": []}
+
+    def before(*args: Any) -> None:
+        calls["before"].append(args)
+
+    def after(*args: Any) -> None:
+        calls["after"].append(args)
+
+    engine = app.store.engine
+    event.listen(engine, "before_cursor_execute", before)
+    event.listen(engine, "after_cursor_execute", after)
+    try:
+        with engine.connect() as conn:
+            conn.execute(select(bindparam("t", NOW, type_=UTCDateTime())))
+            public = {k: v[-1] for k, v in calls.items()}
+            cursor = conn.connection.cursor()
+            before_cursor(conn, cursor, "SELECT 2", ())
+            after_cursor(conn, cursor, "SELECT 2", ())
+            ours = {k: v[-1] for k, v in calls.items()}
+            cursor.close()
+    finally:
+        event.remove(engine, "before_cursor_execute", before)
+        event.remove(engine, "after_cursor_execute", after)
+    for when in ("before", "after"):
+        assert len(ours[when]) == len(public[when]) == 6  # conn, cursor, statement, parameters,
+        assert ours[when][0] is public[when][0]  # context, executemany
+        assert isinstance(ours[when][2], str) and isinstance(public[when][2], str)
+        assert ours[when][5] is public[when][5] is False
+    sent = public["before"][3]
+    assert processor(NOW) in (list(sent.values()) if isinstance(sent, dict) else list(sent))
+
+    # DBAPIError.instance wraps a driver error in SQLAlchemy's class of the same name.
+    dbapi: Any = dialect.loaded_dbapi
+    wrapped = DBAPIError.instance(
+        "SELECT 1", (), dbapi.IntegrityError("x"), dbapi.Error, dialect=dialect
+    )
+    assert isinstance(wrapped, IntegrityError)

@@ -1,8 +1,8 @@
 """PostgreSQL (psycopg): one statement run for many parameter sets at once over several
 connections, from the calling thread, each execution a transaction of its own.
 
-A tick's fresh dispatches are one statement each (see ``_tick._build_dispatch``), and each must
-commit on its own (SPEC §2). Run one after another, every row waits for its commit's WAL flush;
+A tick's fresh dispatches are one statement each (``postgres.build_dispatch``), and each must
+commit on its own (each due row is its own transaction). Run one after another, every row waits for its commit's WAL flush;
 run on several connections at once, the commits that wait together share a flush. Python
 threads for that cost more than the statements here (each hand-off of the GIL, psycopg's
 Python layers per execution), so this module drives the connections' libpq handles
@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy import Connection, Dialect
 from sqlalchemy.sql import ClauseElement
 
-from .._store.driver import Prepared, cursor_events, driver_error
+from .._store.driver import Prepared, after_cursor, before_cursor, driver_error, with_paramstyle
 
 _PREPARED_KEY = "scheduler_prepared"  # in a pooled connection's info: names prepared on it
 
@@ -66,8 +66,8 @@ class Spread:
     """One statement compiled for one PostgreSQL dialect, with ``$n`` placeholders."""
 
     def __init__(self, statement: ClauseElement, dialect: Dialect) -> None:
-        numbered: Any = type(dialect)
-        self._bound = Prepared(statement, dialect, compile_as=numbered(paramstyle="numeric_dollar"))
+        numbered = with_paramstyle(dialect, "numeric_dollar")
+        self._bound = Prepared(statement, dialect, compile_as=numbered)
         self.sql = self._bound.sql
         self.sql_bytes = self.sql.encode()
         self.name = b"scheduler_" + hashlib.sha1(self.sql_bytes).hexdigest()[:16].encode()
@@ -182,7 +182,7 @@ class _Lane:
         spread, conn = self.spread, self.conn
         self.index = index
         self.args = spread.arguments(params)
-        cursor_events(conn.dispatch.before_cursor_execute, conn, self.cursor, spread.sql, self.args)
+        before_cursor(conn, self.cursor, spread.sql, self.args)
         self.retried = False
         self._transmit()
 
@@ -231,9 +231,7 @@ class _Lane:
         if isinstance(outcome, BaseException):
             self.usable = not self.conn.invalidated
         else:
-            conn = self.conn
-            after = conn.dispatch.after_cursor_execute
-            cursor_events(after, conn, self.cursor, self.spread.sql, self.args)
+            after_cursor(self.conn, self.cursor, self.spread.sql, self.args)
         return True
 
     def error(self, result: Any) -> BaseException:

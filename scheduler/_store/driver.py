@@ -11,6 +11,14 @@ and a lost connection invalidates the SQLAlchemy connection, as ``Connection.exe
 
 Only statements whose every bound value is a named parameter (no literal values, no
 expanding IN) are accepted.
+
+This module is the one place that relies on SQLAlchemy behaviour outside its public API: the
+compiled statement's ``binds`` and ``positiontup``, a bind type's ``dialect_impl`` processor,
+the connection's ``dispatch`` of cursor listeners (called with the signature
+``Connection.execute`` uses), ``DBAPIError.instance``, and a dialect class made again with
+another ``paramstyle``. tests/test_driver.py pins each of them
+(``test_the_sqlalchemy_behaviour_this_adapter_relies_on``), so an upgrade that changes one
+fails a test, not a tick.
 """
 
 from __future__ import annotations
@@ -45,14 +53,31 @@ def driver_error(
     )
 
 
-def cursor_events(
+def _cursor_events(
     listeners: Any, conn: Connection, cursor: Any, statement: str, arguments: Any
 ) -> None:
-    """Run a connection's ``before_cursor_execute`` or ``after_cursor_execute`` listeners, as
-    ``Connection.execute`` does around the driver's execute (statement counters, echo)."""
     if listeners:
         for listener in listeners:
             listener(conn, cursor, statement, arguments, None, False)
+
+
+def before_cursor(conn: Connection, cursor: Any, statement: str, arguments: Any) -> None:
+    """Run `conn`'s ``before_cursor_execute`` listeners, as ``Connection.execute`` does before
+    the driver's execute (statement counters, echo)."""
+    _cursor_events(conn.dispatch.before_cursor_execute, conn, cursor, statement, arguments)
+
+
+def after_cursor(conn: Connection, cursor: Any, statement: str, arguments: Any) -> None:
+    """Run `conn`'s ``after_cursor_execute`` listeners, as ``Connection.execute`` does after
+    the driver's execute."""
+    _cursor_events(conn.dispatch.after_cursor_execute, conn, cursor, statement, arguments)
+
+
+def with_paramstyle(dialect: Dialect, paramstyle: str) -> Dialect:
+    """A dialect of `dialect`'s class that writes SQL with another `paramstyle`."""
+    make: Any = type(dialect)
+    made: Dialect = make(paramstyle=paramstyle)
+    return made
 
 
 def _remember_last(process: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -117,12 +142,12 @@ class Prepared:
         """Execute on `conn`'s current transaction; return the driver's cursor."""
         arguments = self.arguments(params)
         cursor = conn.connection.cursor()
-        cursor_events(conn.dispatch.before_cursor_execute, conn, cursor, self.sql, arguments)
+        before_cursor(conn, cursor, self.sql, arguments)
         try:
             cursor.execute(self.sql, arguments)
         except self._dialect.loaded_dbapi.Error as exc:
             raise driver_error(conn, self.sql, arguments, exc, cursor) from exc
-        cursor_events(conn.dispatch.after_cursor_execute, conn, cursor, self.sql, arguments)
+        after_cursor(conn, cursor, self.sql, arguments)
         return cursor
 
 
