@@ -2,8 +2,9 @@
 connections, from the calling thread, each execution a transaction of its own.
 
 A tick's fresh dispatches are one statement each (``postgres.build_dispatch``), and each must
-commit on its own (each due row is its own transaction). Run one after another, every row waits for its commit's WAL flush;
-run on several connections at once, the commits that wait together share a flush. Python
+commit on its own (each due row is its own transaction). Run one after another, every row
+waits for its commit's WAL flush; run on several connections at once, the commits that wait
+together share a flush. Python
 threads for that cost more than the statements here (each hand-off of the GIL, psycopg's
 Python layers per execution), so this module drives the connections' libpq handles
 (``psycopg.Connection.pgconn``, psycopg's public low-level interface) directly: it sends the
