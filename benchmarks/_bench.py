@@ -53,8 +53,14 @@ def pg_url(server: str, database: str) -> str:
     return make_url(server).set(database=database).render_as_string(hide_password=False)
 
 
+# Appended to every database name a script creates, so that runs beside each other (another
+# checkout's, another person's) never drop each other's databases: SCHEDULER_BENCH_SUFFIX=_mine
+SUFFIX = os.environ.get("SCHEDULER_BENCH_SUFFIX", "")
+
+
 def recreate_pg_database(server: str, database: str) -> str:
-    """Drop (forcibly) and create ``database``; return its URL."""
+    """Drop (forcibly) and create ``database`` (plus the suffix); return its URL."""
+    database += SUFFIX
     admin = create_engine(server, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
@@ -77,6 +83,7 @@ def checkpoint_pg(server: str) -> None:
 
 
 def drop_pg_database(server: str, database: str) -> None:
+    database += SUFFIX
     admin = create_engine(server, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:

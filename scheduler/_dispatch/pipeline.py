@@ -27,12 +27,21 @@ import selectors
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import Connection, Dialect
 from sqlalchemy.sql import ClauseElement
 
 from .._store.driver import Prepared, after_cursor, before_cursor, driver_error, with_paramstyle
+
+
+class _Unsent:
+    def __repr__(self) -> str:
+        return "UNSENT"
+
+
+UNSENT: Final[Any] = _Unsent()
+"""What :meth:`Spread.run` returns for an item it stopped before sending."""
 
 _PREPARED_KEY = "scheduler_prepared"  # in a pooled connection's info: names prepared on it
 
@@ -81,6 +90,8 @@ class Spread:
         conns: Iterable[Connection],
         items: Sequence[Any],
         params: Callable[[Any], Mapping[str, Any]] = dict,
+        *,
+        stop_on_none: bool = False,
     ) -> list[Any]:
         """Run the statement once for each item, with parameters ``params(item)``, each in its
         own transaction, over `conns` at once; return per item, in order, the first column of
@@ -89,17 +100,19 @@ class Spread:
         `conns` (outside any transaction) is taken lazily: the first connection is sent its
         first item before the next connection is taken (a pool checkout), and no more are
         taken than there are items. An item no connection could run (all lost) gets the last
-        connection's error."""
+        connection's error. With `stop_on_none`, no item is sent after one returned no row
+        (those in flight finish); the items never sent get :data:`UNSENT`."""
         if not items:
             return []
         results: list[Any] = [None] * len(items)
         pending = deque(range(len(items)))
         lanes: list[_Lane] = []
         lost: BaseException | None = None
+        stopped = False
         with selectors.DefaultSelector() as selector:
 
             def start(lane: _Lane) -> None:
-                if pending and lane.usable:
+                if pending and lane.usable and not stopped:
                     index = pending.popleft()
                     lane.send(index, params(items[index]))
                     selector.register(lane.socket, selectors.EVENT_READ, lane)
@@ -120,14 +133,16 @@ class Spread:
                             selector.unregister(lane.socket)
                             if not lane.usable:
                                 lost = results[lane.index]
+                            elif stop_on_none and results[lane.index] is None:
+                                stopped = True
                             start(lane)
             except BaseException:
                 for lane in lanes:  # a statement still in flight: the connection is unusable
                     if lane.busy:
                         lane.conn.invalidate()
                 raise
-        for index in pending:  # no connection was left to run them
-            results[index] = lost
+        for index in pending:  # stopped, or no connection was left to run them
+            results[index] = UNSENT if stopped else lost
         return results
 
 

@@ -260,10 +260,12 @@ class PortableDispatcher:
         carried = Carried()
         for row, decision in decided:
             try:
-                carried.done[row.id] = carry_out_row(conn, row, decision, work)
+                done = carried.done[row.id] = carry_out_row(conn, row, decision, work)
             except BaseException as exc:  # the rows before it committed: report them
                 carried.failures.append(exc)
                 break
+            if done[0] is Outcome.LOST_RACE:
+                break  # the rest of the batch is likely stale too: the tick goes elsewhere
         return carried
 
 
@@ -276,14 +278,17 @@ def _parallel(
     # Each lane takes the next row when it is free, so a helper that starts late (it waits for
     # the GIL and a connection) takes fewer rows. A deque's popleft is thread-safe.
     pending = collections.deque(decided)
+    lost: list[int] = []  # a lost race stops every lane: the rest is likely stale too
 
     def lane(lane_conn: Connection) -> None:
-        while True:
+        while not lost:
             try:
                 row, decision = pending.popleft()
             except IndexError:
                 return
-            carried.done[row.id] = carry_out_row(lane_conn, row, decision, work)
+            done = carried.done[row.id] = carry_out_row(lane_conn, row, decision, work)
+            if done[0] is Outcome.LOST_RACE:
+                lost.append(row.id)
 
     def helper() -> None:
         with store.engine.connect() as helper_conn:

@@ -28,7 +28,7 @@ from .._store.tables import jobs, rows
 from .._tick.decide import Action
 from .._tick.report import Outcome
 from . import Carried, Decided, Work
-from .pipeline import Spread
+from .pipeline import UNSENT, Spread
 from .portable import (
     JOB_COLUMNS,
     JOB_PARAMS,
@@ -102,9 +102,14 @@ class PostgresDispatcher:
                     yield extra
 
             found = _DISPATCH.on(conn).run(
-                lane_connections(), fresh, lambda item: fresh_params(item[0], item[1], work)
+                lane_connections(),
+                fresh,
+                lambda item: fresh_params(item[0], item[1], work),
+                stop_on_none=True,  # a lost race: the rest of the batch is likely stale too
             )
         for (row, _decision), job_id in zip(fresh, found, strict=True):
+            if job_id is UNSENT:
+                continue  # still due: the tick comes back for it, or another process has it
             if isinstance(job_id, BaseException):
                 carried.failures.append(job_id)
             elif job_id is None:

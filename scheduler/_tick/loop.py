@@ -61,8 +61,9 @@ def tick(
         while True:
             batch = due(store, conn, now, batch_size, after)
             todo = [row for row in batch if row.id not in seen] if jumped else batch
-            lost = _carry_out(store, conn, todo, max_consecutive_failures, dispatcher, work, report)
-            seen.update(row.id for row in batch)
+            lost = _carry_out(
+                store, conn, todo, max_consecutive_failures, dispatcher, work, report, seen
+            )
             if lost:  # another tick is on these rows: go on from a random position
                 top = last_id(store, conn)
                 after = (batch[0].next_run_at, _random.randint(batch[0].id, max(top, batch[0].id)))
@@ -83,9 +84,11 @@ def _carry_out(
     dispatcher: Dispatcher,
     work: Work,
     report: TickReport,
+    seen: set[int],
 ) -> int:
-    """Decide each row, have the dispatcher write the decisions, report the outcomes; the
-    number of races lost."""
+    """Decide each row, have the dispatcher write the decisions, report the outcomes (adding
+    the rows carried out to `seen`); the number of races lost. A dispatcher stops a batch at
+    its first lost race: the rows it did not get to stay due, for later in the tick."""
     if not batch:
         return 0
     decided: list[Decided] = []
@@ -105,6 +108,7 @@ def _carry_out(
     carried = dispatcher.carry_out(store, conn, decided, work) if decided else Carried()
     if failure is not None:
         carried.failures.append(failure)
+    seen.update(carried.done)
     return _settle(conn, batch, carried, report)
 
 

@@ -1,0 +1,334 @@
+"""Bursts at the top of the hour: N scheduler rows due at the same instant, dispatched by 1
+tick and by several processes ticking at once, beside APScheduler 3.11 on the same burst.
+
+    benchmarks/.venv/bin/python benchmarks/burst.py [--rows 100000] [--reps 1] [--workers 4]
+
+Every row has ``0 * * * *`` and ``next_run_at`` at the same past instant. A case resets them
+(no jobs, version 1), then starts its processes together; each runs one ``tick()`` (a tick
+goes through every due row it sees). Counted afterwards, in the database: every row has
+exactly one job and has moved to its next slot. Counted in the processes: the dispatch
+statements sent (one per fresh dispatch attempted) and the races lost. Targets (issue 12):
+every slot dispatched once; W workers no slower than 1 (within 10 %); lost races <= 5 % of the
+dispatch statements. APScheduler: one ``_process_jobs()`` over its SQLAlchemyJobStore holding
+the same N due cron jobs, with a no-op executor (it has no way for several schedulers to share
+a job store). PostgreSQL databases ``bench_burst_*`` (plus ``$SCHEDULER_BENCH_SUFFIX``) are
+created and dropped here; SQLite files live in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import _bench
+from _bench import fmt, median, progress
+from sqlalchemy import delete, event, func, insert, select, text, update
+
+from scheduler import Scheduler
+
+try:
+    from scheduler._store.tables import jobs, rows
+except ImportError:  # the layout before the store became a package (an A/B run)
+    from scheduler._tables import jobs, rows  # type: ignore[import-not-found,no-redef]
+
+HANDLER = "bench.noop"
+CRON = "0 * * * *"
+CHUNK = 10_000
+
+
+def top_of_the_hour() -> tuple[datetime, datetime]:
+    """The instant every row is due at, and the `now` every tick of the run is given."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    due = now.replace(minute=0, second=0) - timedelta(hours=1)
+    return due, due + timedelta(seconds=30)
+
+
+def make_app(url: str) -> Scheduler:
+    app = Scheduler(url)
+    app.handler(HANDLER, retry_safe=True)(_bench.noop)
+    return app
+
+
+def load(url: str, n: int, due: datetime) -> None:
+    app = make_app(url)
+    try:
+        app.migrate()
+        with app.store.begin() as conn:
+            conn.execute(delete(jobs))
+            conn.execute(delete(rows))
+            for start in range(0, n, CHUNK):
+                conn.execute(
+                    insert(rows),
+                    [
+                        {
+                            "name": f"customer-{i:07d}",
+                            "handler": HANDLER,
+                            "payload": "{}",
+                            "cron": CRON,
+                            "timezone": "UTC",
+                            "concurrent": False,
+                            "enabled": True,
+                            "next_run_at": due,
+                            "consecutive_failures": 0,
+                            "version": 1,
+                            "created_at": due,
+                            "updated_at": due,
+                        }
+                        for i in range(start, min(n, start + CHUNK))
+                    ],
+                )
+    finally:
+        app.close()
+
+
+def reset(url: str, due: datetime) -> None:
+    """Every row due again at `due`, no jobs; dead rows vacuumed (PostgreSQL)."""
+    app = make_app(url)
+    try:
+        with app.store.begin() as conn:
+            conn.execute(update(rows).values(last_job_id=None))
+            conn.execute(delete(jobs))
+            conn.execute(update(rows).values(next_run_at=due, version=1, consecutive_failures=0))
+        engine = app.store.engine
+        if engine.dialect.name == "postgresql":
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.execute(text("VACUUM ANALYZE scheduler_rows"))  # not in a transaction
+                conn.execute(text("VACUUM ANALYZE scheduler_jobs"))
+        else:
+            with engine.connect() as conn:
+                conn.execute(text("ANALYZE"))
+                conn.commit()
+        if engine.dialect.name == "postgresql":
+            _bench.checkpoint_pg(url)
+    finally:
+        app.close()
+
+
+def check(url: str, n: int, due: datetime) -> tuple[int, int, int]:
+    """(jobs, rows with exactly one job, rows still due): exactly once is (n, n, 0)."""
+    app = make_app(url)
+    try:
+        with app.store.read() as conn:
+            total = conn.execute(select(func.count()).select_from(jobs)).scalar_one()
+            per_row = (
+                select(jobs.c.task_name).group_by(jobs.c.task_name).having(func.count() == 1)
+            ).subquery()
+            once = conn.execute(select(func.count()).select_from(per_row)).scalar_one()
+            still = conn.execute(
+                select(func.count()).select_from(rows).where(rows.c.next_run_at <= due)
+            ).scalar_one()
+        return int(total), int(once), int(still)
+    finally:
+        app.close()
+
+
+# -- one ticking process ------------------------------------------------------------------------
+def _ticker(url: str, now: datetime, ready: Any, start: Any, results: Any) -> None:
+    try:
+        app = make_app(url)
+        app.tick(now=now - timedelta(days=1))  # warm-up: connections, caches; nothing is due
+        counts = {"dispatch": 0, "statements": 0}
+
+        def count(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+            counts["statements"] += 1
+            if "INSERT INTO scheduler_jobs" in statement:
+                counts["dispatch"] += 1  # one per fresh dispatch attempted, won or lost
+
+        event.listen(app.store.engine, "before_cursor_execute", count)
+        ready.put(None)
+        start.wait()
+        began, cpu = time.monotonic(), time.process_time()
+        report = app.tick(now=now)
+        finished = time.monotonic()
+        results.put(
+            {
+                "dispatched": len(report.dispatched),
+                "lost": len(report.lost_race),
+                "held": len(report.held_back),
+                "dispatch": counts["dispatch"],
+                "statements": counts["statements"],
+                "began": began,
+                "finished": finished,
+                "cpu": time.process_time() - cpu,
+                "error": None,
+            }
+        )
+        app.close()
+    except BaseException as exc:  # report, never leave the parent waiting
+        ready.put(None)
+        results.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def run_ticks(url: str, now: datetime, processes: int) -> dict[str, Any]:
+    """`processes` fresh processes each run one tick, started together; the wall time from
+    the common start to the last finish, and the summed counts."""
+    ctx = multiprocessing.get_context("spawn")
+    ready, results, start = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [
+        ctx.Process(target=_ticker, args=(url, now, ready, start, results))
+        for _ in range(processes)
+    ]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        while True:
+            try:
+                ready.get(timeout=1)
+                break
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise RuntimeError("a ticking process died while starting") from None
+    began = time.monotonic()
+    start.set()
+    found = [results.get(timeout=3600) for _ in procs]
+    for p in procs:
+        p.join()
+    errors = [r["error"] for r in found if r["error"]]
+    if errors:
+        raise RuntimeError("ticking process failed: " + "; ".join(errors))
+    total = {k: sum(r[k] for r in found) for k in ("dispatched", "lost", "dispatch", "cpu")}
+    total["statements"] = sum(r["statements"] for r in found)
+    total["seconds"] = max(r["finished"] for r in found) - began
+    total["per_process"] = sorted(r["dispatched"] for r in found)
+    return total
+
+
+# -- APScheduler 3.11 ---------------------------------------------------------------------------
+def aps_burst(url: str, n: int, due: datetime) -> dict[str, Any]:
+    """APScheduler's one `_process_jobs()` over n cron jobs due at `due` (tick_cost's harness,
+    the same trigger as ours)."""
+    import tick_cost
+
+    tick_cost.CRON = CRON
+    aps = tick_cost.Aps(url)
+    try:
+        aps.load(n, due)  # every job's next run time is `due`, an hour or so ago
+        began, cpu = time.monotonic(), time.process_time()
+        submitted, statements = aps.tick()
+        seconds, cpu = time.monotonic() - began, time.process_time() - cpu
+        with aps.engine.connect() as conn:
+            table = aps.store.jobs_t
+            still = conn.execute(
+                select(func.count())
+                .select_from(table)
+                .where(table.c.next_run_time <= due.timestamp())
+            ).scalar_one()
+        return {
+            "seconds": seconds,
+            "cpu": cpu,
+            "dispatched": submitted,
+            "statements": statements,
+            "still": int(still),
+        }
+    finally:
+        aps.close()
+
+
+def main() -> None:
+    p = _bench.parser(__doc__.splitlines()[0], reps=1)
+    p.add_argument("--rows", type=int, default=100_000, help="rows due at once (default 100000)")
+    p.add_argument("--workers", type=int, default=4, help="processes ticking at once (default 4)")
+    p.add_argument("--no-aps", action="store_true", help="skip APScheduler")
+    args = p.parse_args()
+    n = args.rows
+    due, now = top_of_the_hour()
+    scratch = _bench.scratch_dir()
+    load_before = _bench.load()
+    table: list[list[Any]] = []
+    dbs: list[tuple[str, str, str, list[int]]] = []
+    if not args.no_pg:
+        ours = _bench.recreate_pg_database(args.pg, "bench_burst_ours")
+        aps = _bench.recreate_pg_database(args.pg, "bench_burst_aps")
+        dbs.append(("PostgreSQL", ours, aps, [1, args.workers]))
+    if not args.no_sqlite:
+        dbs.append(
+            (
+                "SQLite",
+                f"sqlite:///{scratch / 'burst.db'}",
+                f"sqlite:///{scratch / 'burst-aps.db'}",
+                [1],
+            )
+        )
+    for db, url, aps_url, worker_counts in dbs:
+        progress(f"{db}: loading {n:,} rows due at {due:%H:%M}")
+        load(url, n, due)
+        cells: dict[int, list[dict[str, Any]]] = {w: [] for w in worker_counts}
+        for rep in range(args.reps):
+            for workers in worker_counts:  # interleaved: load elsewhere lands on both
+                reset(url, due)
+                progress(f"{db}: {workers} process(es) ticking, rep {rep + 1}")
+                result = run_ticks(url, now, workers)
+                result["check"] = check(url, n, due)
+                cells[workers].append(result)
+        for workers, results in cells.items():
+            seconds = median([r["seconds"] for r in results])
+            last = results[-1]
+            lost = sum(r["lost"] for r in results)
+            sent = sum(r["dispatch"] for r in results)
+            once = all(r["check"] == (n, n, 0) for r in results)
+            base = median([r["seconds"] for r in cells[1]])
+            table.append(
+                [
+                    db,
+                    "ours",
+                    workers,
+                    fmt(seconds),
+                    fmt(n / seconds),
+                    fmt(median([r["cpu"] for r in results])),
+                    f"{last['check'][0]:,} jobs, {last['check'][1]:,} rows once, "
+                    f"{last['check'][2]} due" + (" ✓" if once else " ✗"),
+                    f"{sent / len(results):,.0f}",
+                    f"{lost / len(results):,.0f} ({100 * lost / max(sent, 1):.2f} %)"
+                    + (" (<=5 %)" if workers > 1 else ""),
+                    "/".join(f"{d:,}" for d in last["per_process"]),
+                    f"{seconds / base:.2f}x" + (" (<=1.10x)" if workers > 1 else ""),
+                ]
+            )
+        if not args.no_aps:
+            progress(f"{db}: APScheduler")
+            result = aps_burst(aps_url, n, due)
+            once = result["dispatched"] == n and result["still"] == 0
+            table.append(
+                [
+                    db,
+                    "APScheduler 3.11",
+                    1,
+                    fmt(result["seconds"]),
+                    fmt(n / result["seconds"]),
+                    fmt(result["cpu"]),
+                    f"{result['dispatched']:,} submitted, {result['still']} due"
+                    + (" ✓" if once else " ✗"),
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                ]
+            )
+    if not args.no_pg:
+        _bench.drop_pg_database(args.pg, "bench_burst_ours")
+        _bench.drop_pg_database(args.pg, "bench_burst_aps")
+    _bench.print_table(
+        f"Burst: {n:,} rows due at the same instant, median of {args.reps}"
+        f" ({_bench.machine()}; load average {load_before} before, {_bench.load()} after)",
+        [
+            "db",
+            "system",
+            "processes",
+            "s",
+            "rows/s",
+            "CPU s (all processes)",
+            "exactly once",
+            "dispatch statements",
+            "lost races",
+            "dispatched per process",
+            "vs 1 process",
+        ],
+        table,
+    )
+
+
+if __name__ == "__main__":
+    main()
