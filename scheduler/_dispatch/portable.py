@@ -38,7 +38,8 @@ from .._tick.due import DueRow
 from .._tick.report import Outcome
 from . import Carried, Decided, Done, Work
 
-log = logging.getLogger(__name__)
+# The tick's records (a row disabled) keep the logger operators know them by.
+log = logging.getLogger("scheduler._tick")
 
 _P = bindparam
 

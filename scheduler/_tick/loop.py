@@ -29,7 +29,7 @@ from .decide import decide
 from .due import DueRow, Position, due, last_id
 from .report import Outcome, TickReport
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("scheduler._tick")  # every record of the tick, whichever module
 
 _random = random.Random()  # where a tick that met another goes on; not a secret
 
