@@ -250,3 +250,30 @@ def test_values_are_sent_as_postgresqls_text_input() -> None:
     ]
     with pytest.raises(TypeError, match="no text form for a bytes parameter"):
         _text(b"raw", "utf-8")
+
+
+def test_with_stop_on_none_nothing_is_sent_after_a_set_returned_no_row(app: Scheduler) -> None:
+    """The tick's lost race (the dispatch returned no row) stops the rest of the batch: the sets
+    in flight finish, the others are never sent and come back as UNSENT."""
+    from sqlalchemy import Integer, bindparam, literal_column
+
+    from scheduler._dispatch.pipeline import UNSENT
+
+    n = bindparam("p_n", type_=Integer)
+    positive = Spread(select(n).where(n >= literal_column("0")), app.store.engine.dialect)
+    sent: list[str] = []
+
+    def before(_conn: Connection, _cursor: Any, statement: str, *_rest: Any) -> None:
+        sent.append(statement)
+
+    sets = [{"p_n": v} for v in (0, 1, -1, 3, 4)]
+    event.listen(app.store.engine, "before_cursor_execute", before)
+    try:
+        with app.store.engine.connect() as conn:
+            assert positive.run([conn], sets) == [0, 1, None, 3, 4]
+            assert len(sent) == 5
+            sent.clear()
+            assert positive.run([conn], sets, stop_on_none=True) == [0, 1, None, UNSENT, UNSENT]
+            assert len(sent) == 3
+    finally:
+        event.remove(app.store.engine, "before_cursor_execute", before)
