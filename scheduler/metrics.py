@@ -40,7 +40,18 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
-from sqlalchemy import Float, String, case, cast, func, literal_column, null, select, union_all
+from sqlalchemy import (
+    Float,
+    String,
+    case,
+    cast,
+    func,
+    literal_column,
+    null,
+    select,
+    type_coerce,
+    union_all,
+)
 
 from . import signals
 from ._jobs import QUEUED, STATES, SUCCEEDED, Job
@@ -85,7 +96,7 @@ def _state_statement(now: datetime) -> Any:
             text(jobs.c.state).label("a"),
             text(jobs.c.queue).label("b"),
             cast(func.count(), Float).label("n"),
-            cast(func.min(case((ready, jobs.c.run_at))), UTCDateTime).label("at"),
+            type_coerce(func.min(case((ready, jobs.c.run_at))), UTCDateTime).label("at"),
         ).group_by(jobs.c.state, jobs.c.queue),
         select(
             kind("task"),
