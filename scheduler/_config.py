@@ -20,6 +20,7 @@ from ._payload import decode_payload, encode_payload, find_credential_key
 
 DEFAULT_URL = "sqlite:///scheduler.db"
 DATABASE_URL_ENV = "SCHEDULER_DATABASE_URL"
+METRICS_PORT_ENV = "SCHEDULER_METRICS_PORT"  # one port per worker of a systemd template unit
 MAX_NAME_LENGTH = 200
 
 
@@ -222,6 +223,10 @@ def _metrics_settings(data: Any, path: str) -> MetricsSettings:
     port = t.integer("port", 0)
     if port > 65535:
         raise t.error("port", f"must be at most 65535, got {port}")
+    if env := os.environ.get(METRICS_PORT_ENV, "").strip():
+        if not env.isdigit() or int(env) > 65535:
+            raise ConfigError(f"{METRICS_PORT_ENV}: expected a port (0 to 65535), got {env!r}")
+        port = int(env)
     return MetricsSettings(
         port=port, host=t.text("host"), cache_seconds=t.number("cache_seconds", positive=True)
     )

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -329,16 +328,16 @@ class Metrics:
         self.queue_wait.labels(job.handler, job.queue).observe(max(wait, 0.0))
 
 
-_by_app: weakref.WeakKeyDictionary[Scheduler, Metrics] = weakref.WeakKeyDictionary()
-_by_app_lock = threading.Lock()
+_made_lock = threading.Lock()
 
 
 def metrics_for(app: Scheduler) -> Metrics:
-    """The one :class:`Metrics` of ``app`` (made on first use)."""
-    with _by_app_lock:
-        found = _by_app.get(app)
+    """The one :class:`Metrics` of ``app`` (made on first use, kept on the app)."""
+    with _made_lock:
+        found: Metrics | None = getattr(app, "_metrics", None)
         if found is None:
-            found = _by_app[app] = Metrics(app)
+            found = Metrics(app)
+            setattr(app, "_metrics", found)  # noqa: B010 - not an attribute Scheduler declares
         return found
 
 
