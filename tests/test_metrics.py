@@ -359,3 +359,15 @@ def test_no_prometheus_import_when_metrics_are_off(tmp_path: Path) -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_metrics_port_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SCHEDULER_METRICS_PORT gives each instance of a systemd template unit its own port."""
+    monkeypatch.setenv("SCHEDULER_METRICS_PORT", "9462")
+    assert parse_config({"metrics": {"port": 9464}}, "app.toml").metrics.port == 9462
+    monkeypatch.setenv("SCHEDULER_METRICS_PORT", "946x")
+    with pytest.raises(ConfigError) as raised:
+        parse_config({}, "app.toml")
+    assert str(raised.value) == "SCHEDULER_METRICS_PORT: expected a port (0 to 65535), got '946x'"
+    monkeypatch.setenv("SCHEDULER_METRICS_PORT", "")
+    assert parse_config({"metrics": {"port": 9464}}, "app.toml").metrics.port == 9464
