@@ -18,6 +18,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event
+from test_deploy_config import config_metric_names
 
 from scheduler import ConfigError, PermanentError, Scheduler
 from scheduler._config import parse_config
@@ -208,6 +209,9 @@ def test_worker_serves_every_spec_metric(
     up = [dict(k)["worker"] for n, k in s if n == "scheduler_worker_up"]
     assert len(up) == 1 and f":{proc.pid}:" in up[0]
     assert value(s, "scheduler_worker_up", worker=up[0]) == 1
+    # config/: every name the alerting rules and the Grafana dashboard query is served.
+    missing = config_metric_names() - names(s)
+    assert not missing, f"config/ uses names a worker does not serve: {missing}"
     # No job id or payload in any label value.
     label_values = {v for n, key in s if n.startswith("scheduler_") for k, v in key if k != "le"}
     assert not any(v.isdigit() for v in label_values), label_values
