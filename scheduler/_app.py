@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from . import _alerts, _jobs, _migrate, _rows, _tick
+from . import _alerts, _jobs, _migrate, _rows, _tick, _tracing
 from ._config import (
     AppConfig,
     MetricsSettings,
@@ -220,7 +220,11 @@ class Scheduler:
             queue=queue,
             max_attempts=max_attempts or default_attempts,
         )
-        return _jobs.enqueue(self.store, values)
+        with _tracing.enqueue_span(handler, queue) as span:  # OpenTelemetry, if configured
+            values.update(span.fields)
+            job_id = _jobs.enqueue(self.store, values)
+            span.job_id(job_id)
+        return job_id
 
     def get_job(self, job_id: int) -> Job | None:
         with self.store.read() as conn:

@@ -1,7 +1,8 @@
-"""What the worker tells the outside world: Prometheus metrics, when ``[metrics] port`` is set.
+"""What the worker tells the outside world: Prometheus metrics, when ``[metrics] port`` is set,
+and OpenTelemetry spans, when the application configured OpenTelemetry (see _tracing.py).
 
 The worker makes one :class:`Telemetry` and calls it where things happen (a tick, a handler
-run); with metrics off, every call does nothing, and ``prometheus_client`` is never imported.
+run); with metrics off, ``prometheus_client`` is never imported, and the calls do nothing.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from . import _tracing
 from ._errors import ConfigError
 
 if TYPE_CHECKING:
@@ -62,13 +64,15 @@ class Telemetry:
             self.metrics.ticked(seconds, report)
 
     @contextlib.contextmanager
-    def running(self, job: Job) -> Iterator[None]:
-        """Around one attempt's handler call."""
-        if self.metrics is None:
-            yield
-            return
-        started, began = self.app.clock(), time.monotonic()
-        try:
-            yield
-        finally:
-            self.metrics.ran(job, started, time.monotonic() - began)
+    def running(self, job: Job) -> Iterator[_tracing.Running]:
+        """Around one attempt's handler call: its span (tell it how the attempt ended with
+        ``ended``) and its run time and queue wait."""
+        with _tracing.run_span(job) as span:
+            if self.metrics is None:
+                yield span
+                return
+            started, began = self.app.clock(), time.monotonic()
+            try:
+                yield span
+            finally:
+                self.metrics.ran(job, started, time.monotonic() - began)

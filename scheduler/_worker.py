@@ -261,8 +261,9 @@ class Worker:
     def _run_job(self, job: Job) -> None:
         began = time.monotonic()
         try:
-            with self._telemetry.running(job):
+            with self._telemetry.running(job) as run:
                 outcome = self.runner.execute(job)
+                run.ended(outcome)
         except Exception:
             log.exception(
                 "job %s (%s) could not be run; its lease will expire",
