@@ -264,6 +264,8 @@ class Metrics:
             app, app.metrics_settings.cache_seconds if cache_seconds is None else cache_seconds
         )
         r.register(self.database)
+        self._outcome_children: dict[tuple[str, str, str], Any] = {}
+        self._run_children: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._abandoned = threading.local()  # the job whose job_aborted follows job_abandoned
         self._receivers: list[tuple[Any, Callable[..., None]]] = [
             (signals.job_succeeded, self._succeeded),
@@ -289,9 +291,15 @@ class Metrics:
             signal.disconnect(receiver)
 
     # -- events -----------------------------------------------------------------------
+    # labels() takes a lock and builds a key on every call: the children are kept at hand.
+    # (Plain dict reads and writes are atomic; two threads making one child get the same one.)
     def _count(self, job: Job | None, outcome: str) -> None:
         if job is not None:
-            self.jobs.labels(job.handler, job.queue, outcome).inc()
+            key = (job.handler, job.queue, outcome)
+            child = self._outcome_children.get(key)
+            if child is None:
+                child = self._outcome_children[key] = self.jobs.labels(*key)
+            child.inc()
 
     def _succeeded(self, _sender: str, *, job: Job | None = None, **_kw: Any) -> None:
         self._count(job, "succeeded")
@@ -323,9 +331,15 @@ class Metrics:
 
     def ran(self, job: Job, started: datetime, seconds: float) -> None:
         """One attempt's handler ran for ``seconds``, started at ``started`` (wall clock)."""
-        self.duration.labels(job.handler, job.queue).observe(seconds)
-        wait = (started - job.run_at).total_seconds()
-        self.queue_wait.labels(job.handler, job.queue).observe(max(wait, 0.0))
+        key = (job.handler, job.queue)
+        children = self._run_children.get(key)
+        if children is None:
+            children = self._run_children[key] = (
+                self.duration.labels(*key),
+                self.queue_wait.labels(*key),
+            )
+        children[0].observe(seconds)
+        children[1].observe(max((started - job.run_at).total_seconds(), 0.0))
 
 
 _made_lock = threading.Lock()
