@@ -14,6 +14,9 @@ with ``port = 0``.
   decision counter, and the lateness histogram from each ``job_dispatched``).
 - **idle tick**: the same rows, none due.
 
+Wall-clock figures carry the machine's noise (a shared VM: see the load averages in the
+title); the CPU rows (the process's CPU per job, the ticking thread's CPU per tick) much less.
+
 Usage: ``benchmarks/.venv/bin/python benchmarks/metrics_overhead.py [--jobs 2000] [--rows 100]
 [--reps 5] [--no-pg]``. PostgreSQL uses its own database ``bench_metrics_15``.
 """
@@ -30,6 +33,7 @@ from typing import Any
 
 from _bench import (
     drop_pg_database,
+    load,
     machine,
     median,
     parser,
@@ -37,7 +41,6 @@ from _bench import (
     progress,
     recreate_pg_database,
     scratch_dir,
-    source_version,
 )
 from sqlalchemy import delete
 
@@ -118,8 +121,9 @@ def close(app: Scheduler) -> None:
     app.close()
 
 
-def drain(url: str, metrics: bool, jobs: int) -> float:
-    """Jobs per second of one worker round over ``jobs`` no-op jobs."""
+def drain(url: str, metrics: bool, jobs: int) -> tuple[float, float]:
+    """Jobs per second of one worker round over ``jobs`` no-op jobs, and the process's CPU
+    time per job in µs (every thread: the worker's, the HTTP server's and the scraper's)."""
     app = make_app(url, metrics)
     try:
         app.migrate()
@@ -128,11 +132,11 @@ def drain(url: str, metrics: bool, jobs: int) -> float:
             app.enqueue("bench.noop", {})
         worker = Worker(app, concurrency=4)
         with Scraper(app.metrics_settings.port) if metrics else _Nothing():
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), time.process_time()
             result = worker.run(once=True)
-            took = time.perf_counter() - began
+            took, cpu = time.perf_counter() - began, time.process_time() - cpu
         assert result.handled == jobs, result
-        return jobs / took
+        return jobs / took, cpu / jobs * 1e6
     finally:
         close(app)
 
@@ -145,8 +149,9 @@ class _Nothing:
         return None
 
 
-def ticks(url: str, metrics: bool, rows: int, count: int) -> tuple[float, float]:
-    """Median milliseconds of ``count`` ticks with every row due, then of idle ticks."""
+def ticks(url: str, metrics: bool, rows: int, count: int) -> dict[str, float]:
+    """Medians of ``count`` ticks with every row due, then of idle ticks: wall-clock and
+    CPU milliseconds of the ticking thread."""
     clock = Clock()
     tasks = [
         TaskSpec(f"t{i}", "* * * * * *", "bench.noop", {}, "UTC", concurrent=True)
@@ -159,20 +164,23 @@ def ticks(url: str, metrics: bool, rows: int, count: int) -> tuple[float, float]
         app.sync()
         worker = Worker(app, concurrency=0)
         worker._telemetry.open()
-        due, idle = [], []
+        found: dict[str, list[float]] = {"tick": [], "tick_cpu": [], "idle": [], "idle_cpu": []}
+
+        def timed(name: str) -> None:
+            began, cpu = time.perf_counter(), time.thread_time()
+            worker._tick()
+            found[name].append((time.perf_counter() - began) * 1000)
+            found[f"{name}_cpu"].append((time.thread_time() - cpu) * 1000)
+
         try:
             with Scraper(app.metrics_settings.port) if metrics else _Nothing():
                 for _ in range(count):
                     clock.now += timedelta(seconds=1)
-                    began = time.perf_counter()
-                    worker._tick()
-                    due.append((time.perf_counter() - began) * 1000)
-                    began = time.perf_counter()
-                    worker._tick()  # nothing due until the next second
-                    idle.append((time.perf_counter() - began) * 1000)
+                    timed("tick")
+                    timed("idle")  # nothing due until the next second
         finally:
             worker._telemetry.close()
-        return median(due), median(idle)
+        return {name: median(values) for name, values in found.items()}
     finally:
         close(app)
 
@@ -191,6 +199,7 @@ def main() -> None:
         url = recreate_pg_database(args.pg, PG_DATABASE)
         engines.append(("PostgreSQL", lambda _n, url=url: url))
     figures: dict[tuple[str, str, bool], list[float]] = {}
+    before = load()
     try:
         for engine, url_for in engines:
             for rep in range(args.reps):
@@ -198,17 +207,20 @@ def main() -> None:
                     mode = "on" if metrics else "off"
                     progress(f"{engine} rep {rep + 1}/{args.reps} metrics {mode}")
                     url = url_for(f"{rep}{mode}")
-                    rate = drain(url, metrics, args.jobs)
-                    due, idle = ticks(url_for(f"{rep}{mode}t"), metrics, args.rows, args.ticks)
-                    for name, value in (("drain", rate), ("tick", due), ("idle", idle)):
+                    rate, cpu = drain(url, metrics, args.jobs)
+                    tick = ticks(url_for(f"{rep}{mode}t"), metrics, args.rows, args.ticks)
+                    for name, value in {"drain": rate, "drain_cpu": cpu, **tick}.items():
                         figures.setdefault((engine, name, metrics), []).append(value)
     finally:
         if not args.no_pg:
             drop_pg_database(args.pg, PG_DATABASE)
     labels = {
         "drain": f"drain {args.jobs} jobs, 4 threads (jobs/s)",
+        "drain_cpu": "drain: process CPU per job (µs)",
         "tick": f"tick, {args.rows} rows due (ms)",
+        "tick_cpu": f"tick, {args.rows} rows due: CPU (ms)",
         "idle": f"idle tick, {args.rows} rows (ms)",
+        "idle_cpu": f"idle tick, {args.rows} rows: CPU (ms)",
     }
     table = []
     for engine, _ in engines:
@@ -219,8 +231,8 @@ def main() -> None:
             cost = (off / on - 1) * 100 if name == "drain" else (on / off - 1) * 100
             table.append([engine, label, f"{off:,.2f}", f"{on:,.2f}", f"{cost:+.1f} %"])
     print_table(
-        f"Metrics off vs on (medians of {args.reps} alternating runs; {source_version()}; "
-        f"{machine()})",
+        f"Metrics off vs on (medians of {args.reps} alternating runs; {machine()};"
+        f" load average {before} before, {load()} after)",
         ["engine", "measure", "metrics off", "metrics on", "cost of metrics"],
         table,
     )
