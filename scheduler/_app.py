@@ -12,8 +12,15 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from . import _alerts, _jobs, _migrate, _rows, _tick
-from ._config import AppConfig, SchedulerSettings, TaskSpec, WorkerSettings, load_config
+from . import _alerts, _jobs, _migrate, _rows, _tick, _tracing
+from ._config import (
+    AppConfig,
+    MetricsSettings,
+    SchedulerSettings,
+    TaskSpec,
+    WorkerSettings,
+    load_config,
+)
 from ._errors import ConfigError
 from ._handlers import AbandonedHook, F, Registry
 from ._jobs import Job
@@ -48,6 +55,7 @@ class Scheduler:
         clock: Clock | None = None,
         worker_id: str | None = None,
         config_path: str | None = None,
+        metrics: MetricsSettings | None = None,
         **overrides: Any,
     ) -> None:
         if engine is None and database_url is None:
@@ -63,6 +71,7 @@ class Scheduler:
                 raise TypeError(f"Scheduler() got an unexpected keyword argument {key!r}")
         self.settings = settings
         self.worker_settings = worker
+        self.metrics_settings = metrics or MetricsSettings()
         self.tasks = tuple(tasks)
         self.config_path = config_path
         self.store = Store(engine if engine is not None else str(database_url))
@@ -86,6 +95,7 @@ class Scheduler:
             settings=config.scheduler,
             worker=config.worker,
             config_path=config.path,
+            metrics=config.metrics,
             **kwargs,
         )
 
@@ -211,7 +221,11 @@ class Scheduler:
             queue=queue,
             max_attempts=max_attempts or default_attempts,
         )
-        return _jobs.enqueue(self.store, values)
+        with _tracing.enqueue_span(handler, queue) as span:  # OpenTelemetry, if configured
+            values.update(span.fields)
+            job_id = _jobs.enqueue(self.store, values)
+            span.job_id(job_id)
+        return job_id
 
     def get_job(self, job_id: int) -> Job | None:
         with self.store.read() as conn:

@@ -20,6 +20,7 @@ from ._payload import decode_payload, encode_payload, find_credential_key
 
 DEFAULT_URL = "sqlite:///scheduler.db"
 DATABASE_URL_ENV = "SCHEDULER_DATABASE_URL"
+METRICS_PORT_ENV = "SCHEDULER_METRICS_PORT"  # one port per worker of a systemd template unit
 MAX_NAME_LENGTH = 200
 
 
@@ -65,6 +66,15 @@ class WorkerSettings:
 
 
 @dataclass(frozen=True)
+class MetricsSettings:
+    """The ``[metrics]`` table (SPEC §12)."""
+
+    port: int = 0  # the worker serves Prometheus text at /metrics on it; 0 = off
+    host: str = "0.0.0.0"  # the address it listens on
+    cache_seconds: float = 5.0  # the gauges read from the database are this old at most
+
+
+@dataclass(frozen=True)
 class AppConfig:
     """A whole configuration file, checked."""
 
@@ -73,6 +83,7 @@ class AppConfig:
     scheduler: SchedulerSettings
     worker: WorkerSettings
     tasks: tuple[TaskSpec, ...]
+    metrics: MetricsSettings = MetricsSettings()
 
 
 _MISSING: Any = object()
@@ -207,6 +218,20 @@ def _worker_settings(data: Any, path: str) -> WorkerSettings:
     return settings
 
 
+def _metrics_settings(data: Any, path: str) -> MetricsSettings:
+    t = _Table(data, f"{path}: [metrics]", asdict(MetricsSettings())).check_keys()
+    port = t.integer("port", 0)
+    if port > 65535:
+        raise t.error("port", f"must be at most 65535, got {port}")
+    if env := os.environ.get(METRICS_PORT_ENV, "").strip():
+        if not env.isdigit() or int(env) > 65535:
+            raise ConfigError(f"{METRICS_PORT_ENV}: expected a port (0 to 65535), got {env!r}")
+        port = int(env)
+    return MetricsSettings(
+        port=port, host=t.text("host"), cache_seconds=t.number("cache_seconds", positive=True)
+    )
+
+
 def _task_name(t: _Table, key: str = "name") -> str:
     """A name stored in a 200-character column: the task's name, or its handler's."""
     name = t.text(key)
@@ -282,7 +307,14 @@ def parse_config(data: Mapping[str, Any], path: str = "<config>") -> AppConfig:
     ``SCHEDULER_DATABASE_URL``, when set and non-empty, overrides ``[database] url``.
     ``AppConfig.path`` is ``path``, or None when left at ``"<config>"`` (no file).
     """
-    top = _Table(data, path, {"database": {}, "scheduler": {}, "worker": {}, "tasks": []})
+    sections: dict[str, Any] = {
+        "database": {},
+        "scheduler": {},
+        "worker": {},
+        "metrics": {},
+        "tasks": [],
+    }
+    top = _Table(data, path, sections)
     top.check_keys()
     database = _Table(
         top.get("database", "a table", _is_table), f"{path}: [database]", {"url": DEFAULT_URL}
@@ -296,6 +328,7 @@ def parse_config(data: Mapping[str, Any], path: str = "<config>") -> AppConfig:
         scheduler=settings,
         worker=_worker_settings(top.get("worker", "a table", _is_table), path),
         tasks=_tasks(tasks, path, settings),
+        metrics=_metrics_settings(top.get("metrics", "a table", _is_table), path),
     )
 
 

@@ -60,6 +60,7 @@ class Job:
     lease_expires_at: datetime | None
     created_at: datetime
     finished_at: datetime | None
+    traceparent: str | None = None  # the enqueue's span (OpenTelemetry), when traced
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> Job:
@@ -81,6 +82,7 @@ class Job:
             lease_expires_at=m["lease_expires_at"],
             created_at=m["created_at"],
             finished_at=m["finished_at"],
+            traceparent=m.get("traceparent"),
         )
 
 

@@ -44,6 +44,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from . import _health
 from ._jobs import Job
 from ._runner import Recorder
+from ._telemetry import Telemetry
 
 if TYPE_CHECKING:
     from ._app import Scheduler
@@ -114,6 +115,7 @@ class Worker:
         self.concurrency = app.worker_settings.concurrency if concurrency is None else concurrency
         self.runner = app.runner()
         self._recorder = Recorder(self.runner)
+        self._telemetry = Telemetry(app)
         self._running: dict[int, Future[None]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()  # a job finished, or stop() was called
@@ -127,6 +129,7 @@ class Worker:
     def run(self, *, once: bool = False, install_signals: bool = False) -> WorkerResult:
         """Work until stopped; with ``once``: take over, tick, run what is ready, return."""
         self.app.check_schema()
+        self._telemetry.open()
         self._touch(force=True)
         started = f"worker {self.app.worker_id} started (concurrency {self.concurrency})"
         _log(logging.INFO, "worker_started", started)
@@ -150,6 +153,7 @@ class Worker:
             if once:
                 self._record_one_shot_tick()
             self._unregister()
+            self._telemetry.close()
         return WorkerResult(self._handled, left)
 
     def _record_one_shot_tick(self) -> None:
@@ -216,7 +220,9 @@ class Worker:
         self._housekeeping()
 
     def _tick(self) -> None:
+        began = time.monotonic()
         report = self.app.tick()
+        self._telemetry.ticked(time.monotonic() - began, report)
         self._ticked_at = self.app.clock()
         for outcome, names in report.as_dict().items():
             if names:  # holds and lost races repeat every tick: debug only
@@ -255,7 +261,9 @@ class Worker:
     def _run_job(self, job: Job) -> None:
         began = time.monotonic()
         try:
-            outcome = self.runner.execute(job)
+            with self._telemetry.running(job) as run:
+                outcome = self.runner.execute(job)
+                run.ended(outcome)
         except Exception:
             log.exception(
                 "job %s (%s) could not be run; its lease will expire",

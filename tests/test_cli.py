@@ -19,6 +19,7 @@ from sqlalchemy import create_engine, inspect
 import scheduler
 from scheduler import Scheduler
 from scheduler._handlers import Registry
+from scheduler._migrate import head_revision
 
 COMMAND = [sys.executable, "-m", "scheduler.cli"]
 
@@ -273,12 +274,12 @@ def test_outdated_schema_is_refused_until_migrate(tmp_path: Path) -> None:
 def test_migrate_to_base_and_back(tmp_path: Path) -> None:
     db = tmp_path / "roll.db"
     write_config(tmp_path, f"sqlite:///{db}", tasks=TASK)
-    assert "revision 0003 (head)" in ok(run_cli(tmp_path, "migrate"))
+    assert f"revision {head_revision()} (head)" in ok(run_cli(tmp_path, "migrate"))
     assert "scheduler_jobs" in sqlite_tables(db)
     assert "revision base" in ok(run_cli(tmp_path, "migrate", "--revision", "base"))
     assert sqlite_tables(db) == {"scheduler_alembic_version"}
     assert "run `scheduler migrate`" in one_error_line(run_cli(tmp_path, "sync"))
-    assert "revision 0003 (head)" in ok(run_cli(tmp_path, "migrate"))
+    assert f"revision {head_revision()} (head)" in ok(run_cli(tmp_path, "migrate"))
     ok(run_cli(tmp_path, "sync"))
 
 

@@ -338,8 +338,47 @@ def _job_rows(app: Scheduler) -> list[tuple[Any, ...]]:
 
     from scheduler._store.tables import jobs
 
+    before_0004 = [c for c in jobs.c if c.name != "traceparent"]  # the columns of 0001 to 0003
     with app.store.read() as conn:
-        return [tuple(r) for r in conn.execute(select(jobs).order_by(jobs.c.id))]
+        return [tuple(r) for r in conn.execute(select(*before_0004).order_by(jobs.c.id))]
+
+
+# -- revision 0004: jobs carry the traceparent of their enqueue -------------------------------
+def test_0004_adds_a_nullable_traceparent_and_keeps_the_jobs(app: Scheduler):
+    """Up from 0003 with jobs in the table, down again, up again: every job kept, the new
+    column NULL for the old jobs and writable, gone after the downgrade, the schema equal to
+    the metadata at the end."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import insert, select, update
+
+    from scheduler._jobs import new_job_values
+    from scheduler._tables import jobs
+
+    engine = app.store.engine
+    app.migrate()
+    downgrade(app.store, "0003")
+    assert "traceparent" not in {c["name"] for c in inspect(engine).get_columns("scheduler_jobs")}
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    with app.store.begin() as conn:
+        for key in ("a", None):
+            values = new_job_values(handler="h", payload="{}", now=now, dedupe_key=key)
+            conn.execute(insert(jobs).values(values))
+    before = _job_rows(app)
+    app.migrate()
+    assert current_revision(app.store) == head_revision()
+    assert _job_rows(app) == before
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    with app.store.begin() as conn:
+        assert conn.execute(select(jobs.c.traceparent)).scalars().all() == [None, None]
+        conn.execute(update(jobs).where(jobs.c.dedupe_key == "a").values(traceparent=traceparent))
+    assert app.get_job(before[0][0]).traceparent == traceparent
+    downgrade(app.store, "0003")
+    assert _job_rows(app) == before
+    assert "traceparent" not in {c["name"] for c in inspect(engine).get_columns("scheduler_jobs")}
+    app.migrate()
+    assert schema_diff(engine) == []
+    assert len(_job_rows(app)) == 2
 
 
 def test_the_dedupe_lookup_uses_the_partial_index(app: Scheduler):

@@ -105,6 +105,8 @@ jobs = Table(
     Column("task_name", String(200)),
     Column("created_at", UTCDateTime, nullable=False),
     Column("finished_at", UTCDateTime),
+    # The W3C traceparent of the span that enqueued the job (revision 0004), when traced.
+    Column("traceparent", String(64)),
     # The claim's scan: lower priority values first (as in Oban), then oldest run_at.
     Index("ix_scheduler_jobs_ready", "state", "queue", "priority", "run_at", "id"),
     # Only jobs with a lease (claimed) or an end (finished) are in these two (revision 0002), so

@@ -1,0 +1,377 @@
+"""Prometheus metrics (SPEC §12), from the official ``prometheus-client`` (``scheduler[metrics]``).
+
+The worker serves them at ``/metrics`` on ``[metrics] port`` (0, the default, = off); a host
+application or the dashboard mounts :func:`asgi_app`. Importing this module needs the extra;
+nothing else in the package imports it unless metrics are on.
+
+Two kinds of figures:
+
+* **events**, counted where they happen in this process: job outcomes (from the ``job_*``
+  signals, so only what was committed), run time and queue wait (around the handler call in the
+  worker), dispatch lateness (``job_dispatched``), tick time and decisions (the worker's tick);
+* **the database's state**, read by :class:`DatabaseCollector` at most once every
+  ``[metrics] cache_seconds`` in **one** statement, whatever the scrape rate: jobs by state and
+  queue, tasks enabled and disabled, each task's last success and consecutive failures, the
+  workers alive.
+
+Label values are bounded: handler, queue, task, worker ids, states and decisions; never a job
+id or a payload.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    make_asgi_app,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+from sqlalchemy import (
+    Float,
+    String,
+    case,
+    cast,
+    func,
+    literal_column,
+    null,
+    select,
+    type_coerce,
+    union_all,
+)
+
+from . import signals
+from ._jobs import QUEUED, STATES, SUCCEEDED, Job
+from ._tables import UTCDateTime, jobs, rows, workers
+
+if TYPE_CHECKING:
+    from ._app import Scheduler
+    from ._tick import TickReport
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DatabaseCollector", "Metrics", "asgi_app", "metrics_for", "serve"]
+
+OUTCOMES = ("succeeded", "failed", "aborted", "abandoned")
+DECISIONS = ("dispatched", "rerun", "held_back", "disabled", "lost_race")
+#: A worker not seen in scheduler_workers for this long counts as down (``worker_up`` 0).
+WORKER_UP_SECONDS = 30.0
+_ONE_SHOT_SUFFIX = ":tick"  # _health.one_shot_tick_id(): a tick's record, not a worker
+
+# Jobs run from milliseconds to hours; ticks and lateness are short.
+JOB_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+def _state_statement(now: datetime) -> Any:
+    """Every figure the gauges need, in one statement: (kind, a, b, n, at) rows."""
+
+    def kind(name: str) -> Any:
+        return literal_column(f"'{name}'", String).label("kind")
+
+    def text(value: Any) -> Any:
+        return cast(value, String(200))
+
+    no_text, no_number, no_time = cast(null(), String(200)), cast(null(), Float), null()
+    ready = (jobs.c.state == QUEUED) & (jobs.c.run_at <= now)
+    return union_all(
+        # kind, a, b, n, at
+        select(
+            kind("jobs"),
+            text(jobs.c.state).label("a"),
+            text(jobs.c.queue).label("b"),
+            cast(func.count(), Float).label("n"),
+            type_coerce(func.min(case((ready, jobs.c.run_at))), UTCDateTime).label("at"),
+        ).group_by(jobs.c.state, jobs.c.queue),
+        select(
+            kind("task"),
+            text(rows.c.name),
+            case((rows.c.enabled, "enabled"), else_="disabled"),
+            cast(rows.c.consecutive_failures, Float),
+            no_time,
+        ),
+        select(
+            kind("success"),
+            text(jobs.c.task_name),
+            no_text,
+            no_number,
+            func.max(jobs.c.finished_at),
+        )
+        .where(jobs.c.state == SUCCEEDED, jobs.c.task_name.is_not(None))
+        .group_by(jobs.c.task_name),
+        select(kind("worker"), text(workers.c.id), no_text, no_number, workers.c.last_seen_at),
+    )
+
+
+class DatabaseCollector(Collector):
+    """The gauges read from the database, cached for ``cache_seconds`` (one statement each
+    refresh). A failed read is logged and the last figures are served meanwhile."""
+
+    def __init__(self, app: Scheduler, cache_seconds: float = 5.0) -> None:
+        self.app = app
+        self.cache_seconds = cache_seconds
+        self._lock = threading.Lock()
+        self._read_at = float("-inf")
+        self._rows: list[Any] = []
+        self._now: datetime | None = None
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # not read at registration: the database may not be there yet
+
+    def _refresh(self) -> tuple[list[Any], datetime | None]:
+        with self._lock:
+            if time.monotonic() - self._read_at >= self.cache_seconds:
+                now = self.app.clock()
+                try:
+                    with self.app.store.read() as conn:
+                        self._rows = list(conn.execute(_state_statement(now)))
+                    self._now = now
+                except Exception as exc:
+                    log.warning(
+                        "metrics: cannot read the database: %s",
+                        str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc),
+                        extra={"action": "metrics_read_failed"},
+                    )
+                self._read_at = time.monotonic()  # failed or not: no retry storm
+            return self._rows, self._now
+
+    def collect(self) -> Iterator[Metric]:
+        found, read_at = self._refresh()
+        by_state = GaugeMetricFamily(
+            "scheduler_jobs_by_state",
+            "Jobs in each state, per queue (read from the database, cached).",
+            labels=["state", "queue"],
+        )
+        oldest = GaugeMetricFamily(
+            "scheduler_job_oldest_ready_age_seconds",
+            "How long the oldest ready (queued and due) job of each queue has waited.",
+            labels=["queue"],
+        )
+        tasks = GaugeMetricFamily(
+            "scheduler_tasks", "Tasks (rows) enabled and disabled.", labels=["state"]
+        )
+        success = GaugeMetricFamily(
+            "scheduler_task_last_success_timestamp_seconds",
+            "When each task's last successful job finished (Unix time; while its jobs are kept).",
+            labels=["task"],
+        )
+        failures = GaugeMetricFamily(
+            "scheduler_task_consecutive_failures",
+            "Each task's consecutive failures (its row's count).",
+            labels=["task"],
+        )
+        up = GaugeMetricFamily(
+            "scheduler_worker_up",
+            f"1 for a worker seen in the last {WORKER_UP_SECONDS:g}s, 0 for one that stopped"
+            " without unregistering (until it is forgotten).",
+            labels=["worker"],
+        )
+        counts: dict[tuple[str, str], float] = {}
+        queues = set(self.app.worker_settings.queues)
+        ready_since: dict[str, datetime] = {}
+        task_states = {"enabled": 0, "disabled": 0}
+        for kind, a, b, n, at in found:
+            if kind == "jobs":
+                counts[a, b] = n
+                queues.add(b)
+                if at is not None:
+                    ready_since[b] = min(at, ready_since.get(b, at))
+            elif kind == "task":
+                task_states[b] += 1
+                failures.add_metric([a], n)
+            elif kind == "success" and at is not None:
+                success.add_metric([a], at.timestamp())
+            elif kind == "worker" and not a.endswith(_ONE_SHOT_SUFFIX) and read_at is not None:
+                alive = at >= read_at - timedelta(seconds=WORKER_UP_SECONDS)
+                up.add_metric([a], 1.0 if alive else 0.0)
+        for queue in sorted(queues):
+            for state in STATES:
+                by_state.add_metric([state, queue], counts.get((state, queue), 0.0))
+            since = ready_since.get(queue)
+            age = 0.0 if since is None else (self.app.clock() - since).total_seconds()
+            oldest.add_metric([queue], max(age, 0.0))
+        for state, number in task_states.items():
+            tasks.add_metric([state], number)
+        yield from (by_state, oldest, tasks, success, failures, up)
+
+
+class Metrics:
+    """One app's metrics: the event counters fed by the signals and the worker, and the
+    database gauges; each on its own registry (with the process collectors)."""
+
+    def __init__(self, app: Scheduler, *, cache_seconds: float | None = None) -> None:
+        self.app = app
+        self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        r = self.registry
+        self.jobs = Counter(
+            "scheduler_jobs",
+            "Job attempts ended, by outcome (failed: will retry; abandoned: not retry-safe).",
+            ["handler", "queue", "outcome"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            "scheduler_job_duration_seconds",
+            "Time in the handler, per attempt.",
+            ["handler", "queue"],
+            buckets=JOB_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "scheduler_job_queue_wait_seconds",
+            "From the moment a job was ready (its run_at) to its handler's start.",
+            ["handler", "queue"],
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
+        self.lateness = Histogram(
+            "scheduler_dispatch_lateness_seconds",
+            "From a task's slot to its job's dispatch.",
+            buckets=LATENESS_BUCKETS,
+            registry=r,
+        )
+        self.tick_duration = Histogram(
+            "scheduler_tick_duration_seconds",
+            "Time one tick took.",
+            buckets=TICK_BUCKETS,
+            registry=r,
+        )
+        self.decisions = Counter(
+            "scheduler_tick_decisions",
+            "Rows decided by the tick, by decision.",
+            ["decision"],
+            registry=r,
+        )
+        for decision in DECISIONS:
+            self.decisions.labels(decision)
+        self.database = DatabaseCollector(
+            app, app.metrics_settings.cache_seconds if cache_seconds is None else cache_seconds
+        )
+        r.register(self.database)
+        self._outcome_children: dict[tuple[str, str, str], Any] = {}
+        self._run_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._abandoned = threading.local()  # the job whose job_aborted follows job_abandoned
+        self._receivers: list[tuple[Any, Callable[..., None]]] = [
+            (signals.job_succeeded, self._succeeded),
+            (signals.job_failed, self._failed),
+            (signals.job_abandoned, self._abandoned_job),
+            (signals.job_aborted, self._aborted),
+            (signals.job_dispatched, self._dispatched),
+        ]
+        for signal, receiver in self._receivers:
+            signal.connect(receiver)  # bound methods: weak, gone with this object
+        self.known_handlers()
+
+    def known_handlers(self) -> None:
+        """Start every registered handler's outcome series at 0 (``increase()`` sees the
+        first event)."""
+        for name in self.app.registry.names():
+            handler = self.app.registry.get(name)
+            for outcome in OUTCOMES:
+                self.jobs.labels(name, handler.queue if handler else "default", outcome)
+
+    def close(self) -> None:
+        for signal, receiver in self._receivers:
+            signal.disconnect(receiver)
+
+    # -- events -----------------------------------------------------------------------
+    # labels() takes a lock and builds a key on every call: the children are kept at hand.
+    # (Plain dict reads and writes are atomic; two threads making one child get the same one.)
+    def _count(self, job: Job | None, outcome: str) -> None:
+        if job is not None:
+            key = (job.handler, job.queue, outcome)
+            child = self._outcome_children.get(key)
+            if child is None:
+                child = self._outcome_children[key] = self.jobs.labels(*key)
+            child.inc()
+
+    def _succeeded(self, _sender: str, *, job: Job | None = None, **_kw: Any) -> None:
+        self._count(job, "succeeded")
+
+    def _failed(self, _sender: str, *, job: Job | None = None, **_kw: Any) -> None:
+        self._count(job, "failed")
+
+    def _abandoned_job(self, _sender: str, *, job: Job | None = None, **_kw: Any) -> None:
+        self._abandoned.job_id = job.id if job is not None else None
+        self._count(job, "abandoned")
+
+    def _aborted(self, _sender: str, *, job: Job | None = None, **_kw: Any) -> None:
+        # An abandoned job is also sent job_aborted, right after, in the same thread: one
+        # attempt, one outcome.
+        if job is not None and getattr(self._abandoned, "job_id", None) == job.id:
+            self._abandoned.job_id = None
+            return
+        self._count(job, "aborted")
+
+    def _dispatched(self, _sender: str, *, slot: datetime | None = None, **_kw: Any) -> None:
+        if slot is not None:
+            self.lateness.observe(max((self.app.clock() - slot).total_seconds(), 0.0))
+
+    def ticked(self, seconds: float, report: TickReport) -> None:
+        self.tick_duration.observe(seconds)
+        for decision, names in report.as_dict().items():
+            if names:
+                self.decisions.labels(decision).inc(len(names))
+
+    def ran(self, job: Job, started: datetime, seconds: float) -> None:
+        """One attempt's handler ran for ``seconds``, started at ``started`` (wall clock)."""
+        key = (job.handler, job.queue)
+        children = self._run_children.get(key)
+        if children is None:
+            children = self._run_children[key] = (
+                self.duration.labels(*key),
+                self.queue_wait.labels(*key),
+            )
+        children[0].observe(seconds)
+        children[1].observe(max((started - job.run_at).total_seconds(), 0.0))
+
+
+_made_lock = threading.Lock()
+
+
+def metrics_for(app: Scheduler) -> Metrics:
+    """The one :class:`Metrics` of ``app`` (made on first use, kept on the app)."""
+    with _made_lock:
+        found: Metrics | None = getattr(app, "_metrics", None)
+        if found is None:
+            found = Metrics(app)
+            setattr(app, "_metrics", found)  # noqa: B010 - not an attribute Scheduler declares
+        return found
+
+
+def asgi_app(app: Scheduler) -> Any:
+    """An ASGI app serving ``app``'s metrics as Prometheus text (mount it at ``/metrics``)."""
+    return make_asgi_app(registry=metrics_for(app).registry)
+
+
+def serve(app: Scheduler, port: int | None = None, host: str | None = None) -> Any:
+    """Serve ``app``'s metrics at ``http://host:port/metrics`` from a daemon thread; returns
+    the HTTP server (``shutdown()`` stops it)."""
+    metrics = metrics_for(app)
+    settings = app.metrics_settings
+    chosen_port = settings.port if port is None else port
+    chosen_host = settings.host if host is None else host
+    server, _thread = start_http_server(chosen_port, addr=chosen_host, registry=metrics.registry)
+    log.info(
+        "metrics at http://%s:%s/metrics",
+        chosen_host,
+        chosen_port,
+        extra={"action": "metrics_serving", "port": chosen_port},
+    )
+    return server
