@@ -13,7 +13,14 @@ from typing import Any
 from sqlalchemy import Engine
 
 from . import _alerts, _jobs, _migrate, _rows, _tick
-from ._config import AppConfig, SchedulerSettings, TaskSpec, WorkerSettings, load_config
+from ._config import (
+    AppConfig,
+    DashboardSettings,
+    SchedulerSettings,
+    TaskSpec,
+    WorkerSettings,
+    load_config,
+)
 from ._errors import ConfigError
 from ._handlers import AbandonedHook, F, Registry
 from ._jobs import Job
@@ -70,6 +77,7 @@ class Scheduler:
         self.clock: Clock = clock or utcnow
         self.worker_id = worker_id or default_worker_id()
         self._schema_ok = False
+        self.dashboard_settings = DashboardSettings()  # the file's [dashboard], if any
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str], **kwargs: Any) -> Scheduler:
@@ -79,7 +87,7 @@ class Scheduler:
 
     @classmethod
     def from_config(cls, config: AppConfig, **kwargs: Any) -> Scheduler:
-        return cls(
+        app = cls(
             config.database_url,
             tasks=config.tasks,
             settings=config.scheduler,
@@ -87,6 +95,8 @@ class Scheduler:
             config_path=config.path,
             **kwargs,
         )
+        app.dashboard_settings = config.dashboard
+        return app
 
     # -- handlers -----------------------------------------------------------------------
     def handler(
@@ -220,6 +230,17 @@ class Scheduler:
         """Every finished attempt of a job, oldest first."""
         with self.store.read() as conn:
             return _jobs.history(conn, job_id)
+
+    def retry_job(self, job_id: int) -> Job:
+        """Requeue an ``aborted`` job, attempts reset; a task's job becomes a fresh run of the
+        task's current job. Raises :class:`~scheduler._jobs.JobStateError` in any other state."""
+        with self.store.begin() as conn:
+            return _jobs.retry(conn, job_id, now=self.clock(), job_defaults=self._job_defaults)
+
+    def cancel_job(self, job_id: int) -> Job:
+        """Abort a ``queued`` job with code ``cancelled``; refused in any other state."""
+        with self.store.begin() as conn:
+            return _jobs.cancel(conn, job_id, now=self.clock())
 
     def runner(self) -> Runner:
         w = self.worker_settings
