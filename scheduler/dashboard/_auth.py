@@ -32,6 +32,15 @@ def _unb64(text: str) -> bytes:
     return base64.b64decode(text + "=" * (-len(text) % 4))
 
 
+def _url64(data: bytes) -> str:
+    """URL-safe, unpadded: a cookie value that needs no quoting."""
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _unurl64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
 def hash_password(password: str, *, ln: int = SCRYPT_LN) -> str:
     """A new salted scrypt hash of ``password`` in PHC format."""
     if not password:
@@ -84,10 +93,12 @@ class Signer:
         self.max_age = max_age
 
     def _mac(self, purpose: str, data: bytes) -> str:
-        return _b64(hmac.new(self.secret, purpose.encode() + b"\0" + data, hashlib.sha256).digest())
+        return _url64(
+            hmac.new(self.secret, purpose.encode() + b"\0" + data, hashlib.sha256).digest()
+        )
 
     def dumps(self, session: dict[str, Any]) -> str:
-        body = _b64(json.dumps({**session, "t": int(time.time())}).encode())
+        body = _url64(json.dumps({**session, "t": int(time.time())}).encode())
         return f"{body}.{self._mac('session', body.encode())}"
 
     def loads(self, cookie: str | None) -> dict[str, Any] | None:
@@ -98,7 +109,7 @@ class Signer:
         if not hmac.compare_digest(mac, self._mac("session", body.encode())):
             return None
         try:
-            data = json.loads(_unb64(body))
+            data = json.loads(_unurl64(body))
         except (ValueError, binascii.Error):
             return None
         if not isinstance(data, dict) or time.time() - float(data.get("t", 0)) > self.max_age:
