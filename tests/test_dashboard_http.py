@@ -154,7 +154,7 @@ def test_read_only_by_default_no_buttons_and_actions_refused(app: Scheduler) -> 
 
 
 def test_actions_need_credentials(app: Scheduler) -> None:
-    with pytest.raises(ConfigError, match="actions'.*needs a signed-in user"):
+    with pytest.raises(ConfigError, match="key 'actions': true needs a signed-in user"):
         create_app(app, DashboardSettings(actions=True))
 
 
