@@ -6,11 +6,12 @@ in a million jobs costs what the first one does.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, or_, select
+from sqlalchemy import Connection, and_, bindparam, or_, select, union_all
 
 from .._tables import jobs, rows, runs
 
@@ -74,34 +75,60 @@ def tasks(
     return Page(found, found[-1]["name"] if more else None)
 
 
+@functools.lru_cache(maxsize=64)
+def _strips_statement(count: int, length: int) -> Any:
+    """The UNION ALL for ``count`` tasks, built once (building it costs more than running it);
+    the task names are the parameters ``t0``, ``t1`` and so on."""
+    parts = []
+    for i in range(count):
+        # The task's newest jobs, newest first, through the index; their runs are the newest.
+        recent = (
+            select(jobs.c.id, jobs.c.task_name)
+            .where(jobs.c.task_name == bindparam(f"t{i}"))
+            .order_by(jobs.c.id.desc())
+            .limit(length)
+            .subquery()
+        )
+        inner = (
+            select(
+                recent.c.task_name,
+                runs.c.id,
+                runs.c.job_id,
+                runs.c.attempt,
+                runs.c.outcome,
+                runs.c.error_code,
+                runs.c.finished_at,
+            )
+            .select_from(recent.join(runs, runs.c.job_id == recent.c.id))
+            # Not ``runs.id`` alone: SQLite would then walk the whole history backwards by its
+            # primary key, probing each run; a task's newer job has the newer runs anyway.
+            .order_by(recent.c.id.desc(), runs.c.id.desc())
+            .limit(length)
+            .subquery()
+        )
+        parts.append(select(inner))
+    return union_all(*parts) if count > 1 else parts[0]
+
+
 def strips(
     conn: Connection, names: Sequence[str], length: int = STRIP_LENGTH
 ) -> dict[str, list[dict[str, Any]]]:
-    """One statement: the last ``length`` runs of each named task, newest first."""
-    if not names:
+    """One statement: the last ``length`` runs of each named task, newest first.
+
+    A UNION ALL of one small select per task: its ``length`` newest jobs (through an index on
+    ``(task_name, id)`` where there is one) and their runs, where a window function over all
+    the tasks' runs would rank every one of them. A run strip of a task whose newest jobs never
+    ran (queued) is shorter.
+    """
+    unique = list(dict.fromkeys(names))
+    if not unique:
         return {}
-    numbered = (
-        select(
-            jobs.c.task_name,
-            runs.c.job_id,
-            runs.c.attempt,
-            runs.c.outcome,
-            runs.c.error_code,
-            runs.c.finished_at,
-            func.row_number()
-            .over(partition_by=jobs.c.task_name, order_by=runs.c.id.desc())
-            .label("n"),
-        )
-        .select_from(runs.join(jobs, jobs.c.id == runs.c.job_id))
-        .where(jobs.c.task_name.in_(list(names)))
-        .subquery()
-    )
-    stmt = (
-        select(numbered).where(numbered.c.n <= length).order_by(numbered.c.task_name, numbered.c.n)
-    )
-    found: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    for r in conn.execute(stmt):
+    found: dict[str, list[dict[str, Any]]] = {name: [] for name in unique}
+    params = {f"t{i}": name for i, name in enumerate(unique)}
+    for r in conn.execute(_strips_statement(len(unique), length), params):
         found[r.task_name].append(dict(r._mapping))
+    for cells in found.values():
+        cells.sort(key=lambda cell: cell["id"], reverse=True)
     return found
 
 
@@ -109,9 +136,9 @@ def task_runs(conn: Connection, name: str, limit: int = 20) -> list[dict[str, An
     """One statement: the task's last runs, newest first."""
     stmt = (
         select(runs)
-        .select_from(runs.join(jobs, jobs.c.id == runs.c.job_id))
+        .select_from(jobs.join(runs, jobs.c.id == runs.c.job_id))
         .where(jobs.c.task_name == name)
-        .order_by(runs.c.id.desc())
+        .order_by(jobs.c.id.desc(), runs.c.id.desc())  # see _strips_statement
         .limit(limit)
     )
     return [dict(r._mapping) for r in conn.execute(stmt)]
