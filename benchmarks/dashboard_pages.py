@@ -74,7 +74,8 @@ def populate(app: Scheduler, tasks: int, jobs: int) -> None:
             text(
                 seq.format(n=jobs)
                 + "INSERT INTO scheduler_jobs (id, handler, payload, queue, priority, run_at,"
-                " state, attempts, max_attempts, task_name, created_at, finished_at, last_error_code)"
+                " state, attempts, max_attempts, task_name, created_at, finished_at,"
+                " last_error_code)"
                 " SELECT n, 'h' || (((n - 1) % "
                 + str(tasks)
                 + " + 1) % 20), '{}', CASE WHEN n % 4 = 0 THEN 'reports' ELSE 'default' END, 0, "
