@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
-from .. import _cron, _health
+from .. import _cron
 from .._jobs import Job
 from .._rows import TaskRow
 from . import _queries
@@ -54,12 +54,20 @@ def _offset(delta: Any) -> str:
     return f"UTC{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
 
 
-def _at(value: datetime | None) -> str:
-    return _health.iso(value) or "-"
+def _at(value: datetime | None, zone: str = "UTC") -> str:
+    if value is None:
+        return "-"
+    local = value.astimezone(ZoneInfo(zone))
+    utc = "" if zone == "UTC" else f" ({value:%H:%M:%S}Z)"
+    return f"{local:%Y-%m-%d %H:%M:%S} {local.tzname()}{utc}"
 
 
 def state_sentence(row: TaskRow, job: Job | None, limit: int) -> tuple[str, str]:
-    """(tone, sentence): what the row is doing now, in one sentence."""
+    """(tone, sentence): what the row is doing now, in one sentence, times in its zone."""
+
+    def at(value: datetime | None) -> str:
+        return _at(value, row.timezone)
+
     if not row.enabled:
         after = (
             f" after {row.consecutive_failures} consecutive failure(s)"
@@ -67,28 +75,33 @@ def state_sentence(row: TaskRow, job: Job | None, limit: int) -> tuple[str, str]
             else ""
         )
         return "bad" if row.consecutive_failures else "off", (
-            f"Disabled ({row.disabled_reason or 'manual'}) since {_at(row.disabled_at)}{after}."
+            f"Disabled ({row.disabled_reason or 'manual'}) since {at(row.disabled_at)}{after}."
         )
-    nxt = f"next slot {_at(row.next_run_at)}"
+    nxt = f"next slot {at(row.next_run_at)}"
     if job is None:
         return "ok", f"Scheduled: no run yet; {nxt}."
     if job.state == "claimed":
         return "run", (
             f"Running: job {job.id} is claimed by {job.lease_owner} (attempt {job.attempts} of"
-            f" {job.max_attempts}), lease until {_at(job.lease_expires_at)}; {nxt}."
+            f" {job.max_attempts}), lease until {at(job.lease_expires_at)}; {nxt}."
         )
     if job.state == "queued" and job.attempts:
         return "warn", (
             f"Retrying: job {job.id} failed attempt {job.attempts} of {job.max_attempts}"
-            f" ({job.last_error_code}); next attempt at {_at(job.run_at)}."
+            f" ({job.last_error_code}); next attempt at {at(job.run_at)}."
         )
     if job.state == "queued":
-        return "run", f"Waiting: job {job.id} is queued to run at {_at(job.run_at)}."
+        return "run", f"Waiting: job {job.id} is queued to run at {at(job.run_at)}."
     if job.state == "aborted":
-        cap = f" of {limit}" if limit else ""
+        failures = row.consecutive_failures + 1
+        then = (
+            f"failure {failures} of {limit} before the task is disabled"
+            if limit
+            else f"failure {failures}"
+        )
         return "bad", (
-            f"Failing: job {job.id} aborted ({job.last_error_code}); {nxt} reruns it in place"
-            f" ({row.consecutive_failures + 1}{cap} consecutive failures then)."
+            f"Failing: job {job.id} aborted ({job.last_error_code}); the {nxt} reruns it in"
+            f" place ({then})."
         )
     return "ok", f"Healthy: job {job.id} succeeded; {nxt}."
 
