@@ -12,6 +12,8 @@ import ipaddress
 import logging
 import os
 import secrets
+import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -170,6 +172,22 @@ class Dashboard:
         self.signer = Signer(secret)
         self.env = _environment()
         self.audit_hook: Callable[..., None] | None = getattr(app, "record_audit", None)
+        self._status: tuple[float, dict[str, Any]] | None = None
+        self._status_lock = threading.Lock()
+
+    def status(self) -> dict[str, Any]:
+        """``app.status()``, computed at most once per refresh interval for all viewers.
+
+        It aggregates over every job (seconds at a million jobs): without this, each open tab
+        would start one every few seconds, and they would pile up. One at a time; the others
+        wait for it and share its result.
+        """
+        with self._status_lock:
+            found = self._status
+            if found is None or time.monotonic() - found[0] >= self.settings.refresh_seconds:
+                data = self.app.status()
+                found = self._status = (time.monotonic(), data)  # fresh from when it ended
+            return found[1]
 
     # -- sessions -------------------------------------------------------------------------
     def session(self, request: Request) -> dict[str, Any]:
@@ -358,8 +376,7 @@ def create_app(
 
     @page
     def health(request: Request) -> Response:
-        data = app.status()
-        return dash.render(request, "health.html", {"status": data})
+        return dash.render(request, "health.html", {"status": dash.status()})
 
     @page
     def audit(request: Request) -> Response:
