@@ -100,11 +100,14 @@ def _local(value: datetime | None, zone: str | None) -> str:
     if value is None:
         return "—"
     local = value.astimezone(ZoneInfo(zone or "UTC"))
-    return f"{local:%Y-%m-%d %H:%M:%S} {local.tzname()}"
+    # isoformat is a C call; strftime costs five times as much, and a page has hundreds.
+    return f"{local.isoformat(' ', 'seconds')[:19]} {local.tzname()}"
 
 
 def _utc(value: datetime | None) -> str:
-    return "—" if value is None else f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%S}Z"
+    if value is None:
+        return "—"
+    return value.astimezone(UTC).isoformat(" ", "seconds")[:19] + "Z"
 
 
 def _ago(value: datetime | None, now: datetime) -> str:
@@ -137,6 +140,25 @@ def _when(value: datetime | None, zone: str | None, now: datetime) -> Markup:
 
 def _pill(text: str | None, tone: str) -> Markup:
     return Markup(f'<span class="pill {escape(tone)}">{escape(text or "")}</span>')
+
+
+def _strip(base: str, cells: list[dict[str, Any]]) -> Markup:
+    """A task's last runs, oldest left, one coloured link per run (600 per Tasks page: built
+    here, in one pass, rather than by the template)."""
+    if not cells:
+        return Markup('<span class="muted">—</span>')
+    parts = []
+    for r in reversed(cells):
+        outcome = escape(r["outcome"])
+        code = f" ({escape(r['error_code'])})" if r["error_code"] else ""
+        title = (
+            f"{outcome}{code} · job {r['job_id']} attempt {r['attempt']} · {_utc(r['finished_at'])}"
+        )
+        parts.append(
+            f'<a class="cell {OUTCOME_TONES.get(r["outcome"], "off")}" href="{escape(base)}/jobs/'
+            f'{int(r["job_id"])}" title="{title}" data-outcome="{outcome}"></a>'
+        )
+    return Markup(f'<span class="strip" aria-label="last runs">{"".join(parts)}</span>')
 
 
 def _environment() -> jinja2.Environment:
@@ -226,6 +248,7 @@ class Dashboard:
             "ago": lambda value: _ago(value, now),
             "when": lambda value, zone=None: _when(value, zone, now),
             "pill": _pill,
+            "strip": lambda cells: _strip(base, cells),
             "user": session.get("user"),
             "login_needed": self.creds is not None,
             "can_act": self.can_act(session),
