@@ -376,3 +376,24 @@ def test_cli_refuses_a_public_address_without_credentials(tmp_path: Path) -> Non
         .splitlines()[-1]
         .startswith(f"error: {path}: [dashboard]: refusing to serve the dashboard on 0.0.0.0")
     )
+
+
+def test_tasks_and_jobs_are_keyset_paginated(app: Scheduler) -> None:
+    app.sync(
+        [TaskSpec(f"t-{i:03d}", "0 3 * * *", "ok", {}, "UTC") for i in range(60)],
+    )
+    ids = [app.enqueue("ok", {}) for _ in range(55)]
+    c = client(app)
+    first = c.get("/tasks?name=t-").text
+    assert "t-049" in first and "t-050" not in first
+    link = re.search(r'href="(/tasks\?[^"]*after=[^"]+)"', first)
+    assert link, "no next-page link"
+    second = c.get(link.group(1).replace("&amp;", "&")).text
+    assert "t-050" in second and "t-059" in second and "t-049" not in second
+    assert "after=" not in second  # the last page
+    jobs = c.get("/jobs?handler=ok").text
+    assert f'data-job="{ids[-1]}"' in jobs and f'data-job="{ids[4]}"' not in jobs
+    older = re.search(r'href="(/jobs\?[^"]*before=\d+)"', jobs)
+    assert older, "no older-page link"
+    rest = c.get(older.group(1).replace("&amp;", "&")).text
+    assert f'data-job="{ids[4]}"' in rest and f'data-job="{ids[-1]}"' not in rest
