@@ -330,7 +330,7 @@ def dashboard(state: State, host: str | None, port: int | None, hash_password: b
     app = state.open()
     settings = app.dashboard_settings
     bind = host or settings.host
-    _web.check_bind(bind, settings, f"{app.config_path}: [dashboard]")
+    _auth.check_bind(bind, settings, f"{app.config_path}: [dashboard]")
     asgi = _web.create_app(app, settings)
     click.echo(f"dashboard on http://{bind}:{port or settings.port}/ (Ctrl-C stops it)", err=True)
     uvicorn.run(asgi, host=bind, port=port or settings.port, log_level="warning")

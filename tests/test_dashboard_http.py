@@ -20,8 +20,7 @@ from scheduler import ConfigError, PermanentError, Scheduler, TaskSpec
 from scheduler._config import DashboardSettings, parse_config
 from scheduler._handlers import Registry
 from scheduler.dashboard import create_app, hash_password, verify_password
-from scheduler.dashboard._auth import check_hash_format
-from scheduler.dashboard._web import check_bind
+from scheduler.dashboard._auth import check_bind, check_hash_format
 
 HOSTILE = "<script>alert(1)</script>"
 HOSTILE_CODE = "bad\"'<b>code</b>"

@@ -12,11 +12,16 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
 import json
+import os
 import re
 import secrets
 import time
 from typing import Any
+
+from .._config import DASHBOARD_PASSWORD_ENV, DashboardSettings
+from .._errors import ConfigError
 
 SCRYPT_LN, SCRYPT_R, SCRYPT_P = 14, 8, 1  # 2**14 * 8 * 128 bytes = 16 MiB, ~50 ms here
 _PHC = re.compile(
@@ -121,3 +126,37 @@ class Signer:
 
     def check_csrf(self, sid: str, token: str | None) -> bool:
         return bool(token) and hmac.compare_digest(str(token), self.csrf_token(sid))
+
+
+# -- who may bind where ------------------------------------------------------------------------
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def credentials(settings: DashboardSettings) -> tuple[str, str] | None:
+    """(username, password hash) from ``[dashboard]``, the hash overridden by the env."""
+    password_hash = os.environ.get(DASHBOARD_PASSWORD_ENV) or settings.password_hash
+    if not password_hash:
+        return None
+    if not settings.username:
+        source = (
+            "$" + DASHBOARD_PASSWORD_ENV if os.environ.get(DASHBOARD_PASSWORD_ENV) else "the file"
+        )
+        raise ConfigError(
+            f"[dashboard]: key 'username': missing (a password hash is set in {source})"
+        )
+    return settings.username, password_hash
+
+
+def check_bind(host: str, settings: DashboardSettings, where: str = "[dashboard]") -> None:
+    """Refuse a non-loopback address when no credentials are configured."""
+    if not is_loopback(host) and credentials(settings) is None:
+        raise ConfigError(
+            f"{where}: refusing to serve the dashboard on {host} without credentials: set"
+            f" [dashboard] username and password_hash (`scheduler dashboard --hash-password`)"
+        )

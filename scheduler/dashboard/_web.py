@@ -8,21 +8,15 @@ so even a string that slipped past escaping could not execute.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import secrets
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, urlencode
-from zoneinfo import ZoneInfo
+from urllib.parse import urlencode
 
-import jinja2
-from markupsafe import Markup, escape
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -30,19 +24,18 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .._config import DASHBOARD_PASSWORD_ENV, DashboardSettings
+from .._config import DashboardSettings
 from .._errors import ConfigError, SchedulerError
-from .._health import iso
 from .._jobs import STATES
 from . import _queries, _views
-from ._auth import Signer, verify_password
+from ._auth import Signer, credentials, verify_password
+from ._render import HERE, _ago, _environment, _pill, _strip, _when
 
 if TYPE_CHECKING:
     from .._app import Scheduler
 
 log = logging.getLogger(__name__)
 
-HERE = Path(__file__).resolve().parent
 COOKIE = "scheduler_dashboard"
 SECRET_ENV = "SCHEDULER_DASHBOARD_SECRET"
 LIVE_HEADER = "x-dashboard-live"
@@ -51,132 +44,6 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
     " connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
-OUTCOME_TONES = {
-    "succeeded": "ok",
-    "failed": "warn",
-    "aborted": "bad",
-    "abandoned": "bad",
-    "lost": "off",
-    "queued": "run",
-    "claimed": "run",
-}
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def credentials(settings: DashboardSettings) -> tuple[str, str] | None:
-    """(username, password hash) from ``[dashboard]``, the hash overridden by the env."""
-    password_hash = os.environ.get(DASHBOARD_PASSWORD_ENV) or settings.password_hash
-    if not password_hash:
-        return None
-    if not settings.username:
-        source = (
-            "$" + DASHBOARD_PASSWORD_ENV if os.environ.get(DASHBOARD_PASSWORD_ENV) else "the file"
-        )
-        raise ConfigError(
-            f"[dashboard]: key 'username': missing (a password hash is set in {source})"
-        )
-    return settings.username, password_hash
-
-
-def check_bind(host: str, settings: DashboardSettings, where: str = "[dashboard]") -> None:
-    """Refuse a non-loopback address when no credentials are configured."""
-    if not is_loopback(host) and credentials(settings) is None:
-        raise ConfigError(
-            f"{where}: refusing to serve the dashboard on {host} without credentials: set"
-            f" [dashboard] username and password_hash (`scheduler dashboard --hash-password`)"
-        )
-
-
-# -- template helpers ---------------------------------------------------------------------------
-def _local(value: datetime | None, zone: str | None) -> str:
-    if value is None:
-        return "—"
-    local = value.astimezone(ZoneInfo(zone or "UTC"))
-    # isoformat is a C call; strftime costs five times as much, and a page has hundreds.
-    return f"{local.isoformat(' ', 'seconds')[:19]} {local.tzname()}"
-
-
-def _utc(value: datetime | None) -> str:
-    if value is None:
-        return "—"
-    return value.astimezone(UTC).isoformat(" ", "seconds")[:19] + "Z"
-
-
-def _ago(value: datetime | None, now: datetime) -> str:
-    if value is None:
-        return ""
-    seconds = (value - now).total_seconds()
-    future, seconds = seconds > 0, abs(seconds)
-    for size, unit in ((86400, "d"), (3600, "h"), (60, "min"), (1, "s")):
-        if seconds >= size or unit == "s":
-            text = f"{int(seconds // size)} {unit}"
-            break
-    return f"in {text}" if future else f"{text} ago"
-
-
-def _when(value: datetime | None, zone: str | None, now: datetime) -> Markup:
-    """A time in the task's zone, in UTC below it (unless the zone is UTC), and how long ago.
-
-    Built with ``escape`` and an f-string: ``Markup.format`` costs ten times as much, and a
-    Jobs page has a hundred of these.
-    """
-    if value is None:
-        return Markup('<span class="muted">—</span>')
-    utc = f'<span class="utc">{_utc(value)}</span>' if zone and zone != "UTC" else ""
-    return Markup(
-        f'<span class="when"><time datetime="{escape(iso(value))}">'
-        f"{escape(_local(value, zone))}</time>{utc}"
-        f'<span class="ago">{escape(_ago(value, now))}</span></span>'
-    )
-
-
-def _pill(text: str | None, tone: str) -> Markup:
-    return Markup(f'<span class="pill {escape(tone)}">{escape(text or "")}</span>')
-
-
-def _strip(base: str, cells: list[dict[str, Any]]) -> Markup:
-    """A task's last runs, oldest left, one coloured link per run (600 per Tasks page: built
-    here, in one pass, rather than by the template)."""
-    if not cells:
-        return Markup('<span class="muted">—</span>')
-    parts = []
-    for r in reversed(cells):
-        outcome = escape(r["outcome"])
-        code = f" ({escape(r['error_code'])})" if r["error_code"] else ""
-        title = (
-            f"{outcome}{code} · job {r['job_id']} attempt {r['attempt']} · {_utc(r['finished_at'])}"
-        )
-        parts.append(
-            f'<a class="cell {OUTCOME_TONES.get(r["outcome"], "off")}" href="{escape(base)}/jobs/'
-            f'{int(r["job_id"])}" title="{title}" data-outcome="{outcome}"></a>'
-        )
-    return Markup(f'<span class="strip" aria-label="last runs">{"".join(parts)}</span>')
-
-
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(HERE / "templates"),
-        autoescape=True,  # every {{ value }} is HTML-escaped, in text and attributes alike
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters.update(
-        local=_local,
-        utc=_utc,
-        iso=iso,
-        q=lambda s: quote(str(s), safe=""),
-        tone=lambda outcome: OUTCOME_TONES.get(outcome or "", "off"),
-    )
-    return env
 
 
 class Dashboard:
@@ -573,4 +440,4 @@ class SecurityHeaders:
         await self.app(scope, receive, sending)
 
 
-__all__ = ["check_bind", "create_app", "credentials", "is_loopback"]
+__all__ = ["create_app"]
