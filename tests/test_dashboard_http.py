@@ -396,3 +396,43 @@ def test_tasks_and_jobs_are_keyset_paginated(app: Scheduler) -> None:
     assert older, "no older-page link"
     rest = c.get(older.group(1).replace("&amp;", "&")).text
     assert f'data-job="{ids[4]}"' in rest and f'data-job="{ids[-1]}"' not in rest
+
+
+def test_cli_serves_the_dashboard(tmp_path: Path) -> None:
+    """`scheduler dashboard` really serves: a subprocess on a free loopback port, one GET."""
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = tmp_path / "app.toml"
+    path.write_text(f'[database]\nurl = "sqlite:///{tmp_path}/x.db"\n[dashboard]\nport = {port}\n')
+    subprocess.run(
+        [sys.executable, "-m", "scheduler", "-c", str(path), "migrate"],
+        check=True,
+        capture_output=True,
+    )
+    server = subprocess.Popen(
+        [sys.executable, "-m", "scheduler", "-c", str(path), "dashboard"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/tasks", timeout=5) as r:
+                    body = r.read().decode()
+                    headers = dict(r.headers)
+                break
+            except OSError:
+                assert server.poll() is None, server.stderr.read() if server.stderr else ""
+                assert time.monotonic() < deadline, "the dashboard did not answer"
+                time.sleep(0.2)
+        assert "No task matches: run <code>scheduler sync</code>" in body
+        assert "script-src 'self'" in headers["content-security-policy"]
+    finally:
+        server.terminate()
+        server.communicate(timeout=20)  # reaps it and closes its stderr pipe
