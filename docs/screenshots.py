@@ -137,7 +137,7 @@ def main() -> None:
             }
             for name, path in shots.items():
                 page.goto(base + path)
-                page.screenshot(path=str(OUT / f"{name}.png"), full_page=True)
+                page.screenshot(path=str(OUT / f"{name}.png"), full_page=name != "jobs")
                 print("wrote", OUT / f"{name}.png")
             browser.close()
         server.should_exit = True
