@@ -15,6 +15,7 @@ from sqlalchemy import Engine
 from . import _alerts, _jobs, _migrate, _rows, _tick, _tracing
 from ._config import (
     AppConfig,
+    DashboardSettings,
     MetricsSettings,
     SchedulerSettings,
     TaskSpec,
@@ -79,6 +80,7 @@ class Scheduler:
         self.clock: Clock = clock or utcnow
         self.worker_id = worker_id or default_worker_id()
         self._schema_ok = False
+        self.dashboard_settings = DashboardSettings()  # the file's [dashboard], if any
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str], **kwargs: Any) -> Scheduler:
@@ -89,7 +91,7 @@ class Scheduler:
 
     @classmethod
     def from_config(cls, config: AppConfig, **kwargs: Any) -> Scheduler:
-        return cls(
+        app = cls(
             config.database_url,
             tasks=config.tasks,
             settings=config.scheduler,
@@ -98,6 +100,8 @@ class Scheduler:
             metrics=config.metrics,
             **kwargs,
         )
+        app.dashboard_settings = config.dashboard
+        return app
 
     # -- handlers -----------------------------------------------------------------------
     def handler(
@@ -235,6 +239,17 @@ class Scheduler:
         """Every finished attempt of a job, oldest first."""
         with self.store.read() as conn:
             return _jobs.history(conn, job_id)
+
+    def retry_job(self, job_id: int) -> Job:
+        """Requeue an ``aborted`` job, attempts reset; a task's job becomes a fresh run of the
+        task's current job. Raises :class:`~scheduler._jobs.JobStateError` in any other state."""
+        with self.store.begin() as conn:
+            return _jobs.retry(conn, job_id, now=self.clock(), job_defaults=self._job_defaults)
+
+    def cancel_job(self, job_id: int) -> Job:
+        """Abort a ``queued`` job with code ``cancelled``; refused in any other state."""
+        with self.store.begin() as conn:
+            return _jobs.cancel(conn, job_id, now=self.clock())
 
     def runner(self) -> Runner:
         w = self.worker_settings

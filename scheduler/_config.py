@@ -21,6 +21,7 @@ from ._payload import decode_payload, encode_payload, find_credential_key
 DEFAULT_URL = "sqlite:///scheduler.db"
 DATABASE_URL_ENV = "SCHEDULER_DATABASE_URL"
 METRICS_PORT_ENV = "SCHEDULER_METRICS_PORT"  # one port per worker of a systemd template unit
+DASHBOARD_PASSWORD_ENV = "SCHEDULER_DASHBOARD_PASSWORD_HASH"
 MAX_NAME_LENGTH = 200
 
 
@@ -72,6 +73,15 @@ class MetricsSettings:
     port: int = 0  # the worker serves Prometheus text at /metrics on it; 0 = off
     host: str = "0.0.0.0"  # the address it listens on
     cache_seconds: float = 5.0  # the gauges read from the database are this old at most
+class DashboardSettings:
+    """The ``[dashboard]`` table (SPEC §11)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8787
+    actions: bool = False
+    username: str | None = None
+    password_hash: str | None = None  # env SCHEDULER_DASHBOARD_PASSWORD_HASH overrides it
+    refresh_seconds: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,7 @@ class AppConfig:
     worker: WorkerSettings
     tasks: tuple[TaskSpec, ...]
     metrics: MetricsSettings = MetricsSettings()
+    dashboard: DashboardSettings = DashboardSettings()
 
 
 _MISSING: Any = object()
@@ -232,6 +243,36 @@ def _metrics_settings(data: Any, path: str) -> MetricsSettings:
     )
 
 
+def _dashboard_settings(data: Any, path: str) -> DashboardSettings:
+    from .dashboard._auth import check_hash_format
+
+    t = _Table(data, f"{path}: [dashboard]", asdict(DashboardSettings())).check_keys()
+    optional = {
+        key: t.text(key) if key in t.data else None for key in ("username", "password_hash")
+    }
+    if optional["password_hash"] is not None:
+        try:
+            check_hash_format(optional["password_hash"])
+        except ValueError as exc:
+            raise t.error("password_hash", str(exc)) from None
+    if (optional["username"] is None) != (optional["password_hash"] is None) and not os.environ.get(
+        DASHBOARD_PASSWORD_ENV
+    ):
+        missing = "password_hash" if optional["password_hash"] is None else "username"
+        raise t.error(missing, "missing: username and password_hash go together")
+    port = t.integer("port", 1)
+    if port > 65535:
+        raise t.error("port", f"must be at most 65535, got {port}")
+    return DashboardSettings(
+        host=t.text("host"),
+        port=port,
+        actions=t.flag("actions"),
+        username=optional["username"],
+        password_hash=optional["password_hash"],
+        refresh_seconds=t.number("refresh_seconds", 1),
+    )
+
+
 def _task_name(t: _Table, key: str = "name") -> str:
     """A name stored in a 200-character column: the task's name, or its handler's."""
     name = t.text(key)
@@ -312,6 +353,7 @@ def parse_config(data: Mapping[str, Any], path: str = "<config>") -> AppConfig:
         "scheduler": {},
         "worker": {},
         "metrics": {},
+        "dashboard": {},
         "tasks": [],
     }
     top = _Table(data, path, sections)
@@ -329,6 +371,7 @@ def parse_config(data: Mapping[str, Any], path: str = "<config>") -> AppConfig:
         worker=_worker_settings(top.get("worker", "a table", _is_table), path),
         tasks=_tasks(tasks, path, settings),
         metrics=_metrics_settings(top.get("metrics", "a table", _is_table), path),
+        dashboard=_dashboard_settings(top.get("dashboard", "a table", _is_table), path),
     )
 
 

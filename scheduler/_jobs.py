@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,6 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import BindParameter
 
+from ._errors import SchedulerError
 from ._payload import decode_payload
 from ._store import Store
 from ._store.tables import JobState, jobs, rows, runs
@@ -494,3 +495,92 @@ def purge(
         conn.execute(delete(runs).where(runs.c.job_id.in_(chunk)))
         deleted += conn.execute(delete(jobs).where(jobs.c.id.in_(chunk))).rowcount
     return deleted
+
+
+# -- operators: retry an aborted job, cancel a queued one (SPEC §10) ------------------------
+class JobStateError(SchedulerError):
+    """The job is not in the state this operation needs."""
+
+
+def _requeue_values(now: datetime) -> dict[str, Any]:
+    return {
+        "state": QUEUED,
+        "attempts": 0,
+        "run_at": now,
+        "last_error_code": None,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "started_at": None,
+        "finished_at": None,
+    }
+
+
+def retry(
+    conn: Connection,
+    job_id: int,
+    *,
+    now: datetime,
+    job_defaults: Callable[[str], tuple[int, str]],
+) -> Job:
+    """Move an ``aborted`` job back to ``queued`` with its attempts reset (the dead-letter
+    requeue). A task's job must be the task's current job (``last_job_id``): it becomes a fresh
+    run of it, handler and payload refreshed from the row, as a rerun in place does.
+
+    One conditional UPDATE (``state = 'aborted'``), its row count checked: a job that changed
+    meanwhile is refused, never requeued twice.
+    """
+    job = get_job(conn, job_id)
+    if job is None:
+        raise JobStateError(f"no job {job_id}")
+    if job.state != ABORTED:
+        raise JobStateError(f"job {job_id} is {job.state}: only an aborted job can be retried")
+    values = _requeue_values(now)
+    condition = [jobs.c.id == job_id, jobs.c.state == ABORTED]
+    if job.task_name is not None:
+        row = conn.execute(
+            select(rows.c.handler, rows.c.payload, rows.c.last_job_id).where(
+                rows.c.name == job.task_name
+            )
+        ).first()
+        if row is not None:
+            if row.last_job_id != job_id:
+                raise JobStateError(
+                    f"job {job_id} is not the current job of task {job.task_name!r}"
+                    f" (job {row.last_job_id}): retry that one, or trigger the task"
+                )
+            max_attempts, queue = job_defaults(row.handler)
+            values.update(
+                handler=row.handler, payload=row.payload, max_attempts=max_attempts, queue=queue
+            )
+            condition.append(
+                jobs.c.id.in_(select(rows.c.last_job_id).where(rows.c.name == job.task_name))
+            )
+    if conn.execute(update(jobs).where(*condition).values(**values)).rowcount != 1:
+        raise JobStateError(f"job {job_id} changed meanwhile: nothing retried")
+    found = get_job(conn, job_id)
+    assert found is not None
+    return found
+
+
+def cancel(conn: Connection, job_id: int, *, now: datetime) -> Job:
+    """Move a ``queued`` job to ``aborted`` with code ``cancelled``; refused in any other state.
+
+    One conditional UPDATE (``state = 'queued'``), its row count checked: a job a worker claimed
+    meanwhile is not cancelled.
+    """
+    result = conn.execute(
+        update(jobs)
+        .where(jobs.c.id == job_id, jobs.c.state == QUEUED)
+        .values(**_finished(ABORTED, now, CANCELLED))
+    )
+    if result.rowcount != 1:
+        job = get_job(conn, job_id)
+        if job is None:
+            raise JobStateError(f"no job {job_id}")
+        raise JobStateError(f"job {job_id} is {job.state}: only a queued job can be cancelled")
+    found = get_job(conn, job_id)
+    assert found is not None
+    return found
+
+
+CANCELLED = "cancelled"

@@ -289,6 +289,53 @@ _row_command("disable", Scheduler.disable, "disabled {row}", "Pause row NAME (un
 _row_command("trigger", Scheduler.trigger, TRIGGERED, "Make row NAME due now (same gates).")
 
 
+@cli.command()
+@click.option(
+    "--host", metavar="ADDRESS", help="Address to bind [default: [dashboard] host, 127.0.0.1]."
+)
+@click.option(
+    "--port", type=click.IntRange(1, 65535), help="Port [default: [dashboard] port, 8787]."
+)
+@click.option(
+    "--hash-password",
+    is_flag=True,
+    help="Read a password (prompted, or from stdin) and print its hash for"
+    " [dashboard] password_hash; serves nothing.",
+)
+@pass_state
+def dashboard(state: State, host: str | None, port: int | None, hash_password: bool) -> None:
+    """Serve the web dashboard (needs: pip install 'scheduler[dashboard]').
+
+    Read-only unless [dashboard] actions = true and a user signs in with [dashboard] username
+    and password_hash (or $SCHEDULER_DASHBOARD_PASSWORD_HASH). Refuses an address other than
+    loopback when no credentials are configured.
+    """
+    from .dashboard import _auth
+
+    if hash_password:
+        if sys.stdin.isatty():
+            password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
+        else:
+            password = sys.stdin.readline().rstrip("\r\n")
+        click.echo(_auth.hash_password(password))
+        return
+    try:
+        import uvicorn
+
+        from .dashboard import _web
+    except ImportError as exc:
+        raise ConfigError(
+            f"the dashboard needs its extra: pip install 'scheduler[dashboard]' ({exc})"
+        ) from exc
+    app = state.open()
+    settings = app.dashboard_settings
+    bind = host or settings.host
+    _auth.check_bind(bind, settings, f"{app.config_path}: [dashboard]")
+    asgi = _web.create_app(app, settings)
+    click.echo(f"dashboard on http://{bind}:{port or settings.port}/ (Ctrl-C stops it)", err=True)
+    uvicorn.run(asgi, host=bind, port=port or settings.port, log_level="warning")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``scheduler`` command."""
     # A closed stdout (`scheduler status | head`) is left to click: exit 1, nothing printed.

@@ -1,0 +1,149 @@
+"""Take the screenshots of docs/howto/dashboard.md: a demo database, a real server, Chromium.
+
+    .venv/bin/python docs/screenshots.py            # writes docs/screenshots/*.png
+
+Needs the dashboard extra, Playwright (pip) and Debian's Chromium (/usr/bin/chromium); it
+never downloads a browser.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import uvicorn
+from playwright.sync_api import sync_playwright
+
+from scheduler import PermanentError, Scheduler, TaskSpec
+from scheduler._config import DashboardSettings
+from scheduler._handlers import Registry
+from scheduler._health import touch
+from scheduler.dashboard import create_app, hash_password
+
+OUT = Path(__file__).resolve().parent / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+
+
+class Clock:
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def demo(url: str) -> tuple[Scheduler, Clock]:
+    """A few tasks with a believable history: healthy, flaky, failing, disabled."""
+    clock = Clock(datetime.now(UTC) - timedelta(hours=13))
+    app = Scheduler(url, registry=Registry(), clock=clock, worker_id="web-1:4242:a1b2c3d4")
+    app.migrate()
+    flaky = {"n": 0}
+
+    @app.handler("reports.nightly", retry_safe=True)
+    def nightly(job: object) -> None:
+        return None
+
+    @app.handler("sync.crm", max_attempts=1)
+    def crm(job: object) -> None:
+        flaky["n"] += 1
+        if flaky["n"] % 4 == 0:
+            raise PermanentError("upstream_timeout")
+
+    @app.handler("billing.invoices", max_attempts=1)
+    def invoices(job: object) -> None:
+        raise PermanentError("card_declined")
+
+    @app.handler("cache.warm")
+    def warm(job: object) -> None:
+        return None
+
+    tasks = [
+        TaskSpec(
+            "nightly-report", "0 3 * * *", "reports.nightly", {"region": "eu"}, "Europe/Berlin"
+        ),
+        TaskSpec("crm-sync", "*/15 * * * *", "sync.crm", {"since": "1h"}, "America/New_York"),
+        TaskSpec(
+            "invoice-run", "0 * * * *", "billing.invoices", {}, "UTC", max_consecutive_failures=4
+        ),
+        TaskSpec("cache-warm", "*/5 * * * *", "cache.warm", {}, "UTC"),
+        TaskSpec("monthly-close", "0 9 1 * *", "sync.crm", {"ledger": "main"}, "Europe/Berlin"),
+        TaskSpec(
+            "weekly-digest", "0 9 * * MON", "reports.nightly", {"kind": "digest"}, "Asia/Tokyo"
+        ),
+    ]
+    app.sync(tasks)
+    for _ in range(12):
+        clock.now += timedelta(hours=1)
+        for t in tasks[:5]:
+            try:
+                app.trigger(t.name)
+            except Exception:
+                pass
+        app.tick()
+        app.work()
+    app.disable("weekly-digest")
+    app.enqueue("cache.warm", {"key": "home"}, run_at=clock.now + timedelta(minutes=30))
+    clock.now = datetime.now(UTC)
+    app.tick()  # the slots missed while the demo's clock was behind: one run each
+    app.work()
+    touch(app.store, app.worker_id, clock.now, clock.now)
+    return app, clock
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main() -> None:
+    OUT.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        app, _clock = demo(f"sqlite:///{tmp}/demo.db")
+        app.clock = lambda: datetime.now(UTC)
+        settings = DashboardSettings(
+            actions=True, username="ops", password_hash=hash_password("demo")
+        )
+        port = free_port()
+        server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(app, settings), host="127.0.0.1", port=port, log_level="warning"
+            )
+        )
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        while not server.started:
+            time.sleep(0.05)
+        base = f"http://127.0.0.1:{port}"
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.goto(f"{base}/login")
+            page.fill("input[name=username]", "ops")
+            page.fill("input[name=password]", "demo")
+            page.click("button:has-text('Sign in')")
+            aborted = app.get_row("invoice-run")
+            shots = {
+                "tasks": "/tasks",
+                "task": "/tasks/monthly-close",
+                "jobs": "/jobs",
+                "job": f"/jobs/{aborted.last_job_id if aborted else 1}",
+                "health": "/health",
+            }
+            for name, path in shots.items():
+                page.goto(base + path)
+                page.screenshot(path=str(OUT / f"{name}.png"), full_page=name != "jobs")
+                print("wrote", OUT / f"{name}.png")
+            browser.close()
+        server.should_exit = True
+        thread.join()
+        app.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Passwords, signed session cookies and CSRF tokens, with the standard library only.
+
+Password hashes are scrypt in the PHC string format (``$scrypt$ln=14,r=8,p=1$SALT$HASH``, salt
+and hash in unpadded base64), the form passlib and others read. Sessions are a small JSON object
+signed with HMAC-SHA256; the CSRF token is an HMAC of the session's random id, so a token from
+another (or an earlier) session never matches.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import ipaddress
+import json
+import os
+import re
+import secrets
+import time
+from typing import Any
+
+from .._config import DASHBOARD_PASSWORD_ENV, DashboardSettings
+from .._errors import ConfigError
+
+SCRYPT_LN, SCRYPT_R, SCRYPT_P = 14, 8, 1  # 2**14 * 8 * 128 bytes = 16 MiB, ~50 ms here
+_PHC = re.compile(
+    r"^\$scrypt\$ln=(\d{1,2}),r=(\d{1,2}),p=(\d{1,2})\$([A-Za-z0-9+/]+)\$([A-Za-z0-9+/]+)$"
+)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode().rstrip("=")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text + "=" * (-len(text) % 4))
+
+
+def _url64(data: bytes) -> str:
+    """URL-safe, unpadded: a cookie value that needs no quoting."""
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _unurl64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def hash_password(password: str, *, ln: int = SCRYPT_LN) -> str:
+    """A new salted scrypt hash of ``password`` in PHC format."""
+    if not password:
+        raise ValueError("the password must not be empty")
+    salt = secrets.token_bytes(16)
+    digest = _scrypt(password, salt, ln, SCRYPT_R, SCRYPT_P)
+    return f"$scrypt$ln={ln},r={SCRYPT_R},p={SCRYPT_P}${_b64(salt)}${_b64(digest)}"
+
+
+def _scrypt(password: str, salt: bytes, ln: int, r: int, p: int) -> bytes:
+    n = 2**ln
+    return hashlib.scrypt(
+        password.encode(), salt=salt, n=n, r=r, p=p, maxmem=2 * 128 * n * r * p + 2**20, dklen=32
+    )
+
+
+def check_hash_format(encoded: str) -> None:
+    """Raise ValueError unless ``encoded`` is a hash :func:`hash_password` could have made."""
+    found = _PHC.match(encoded)
+    if found is None:
+        raise ValueError(
+            "not a scrypt hash in PHC format ($scrypt$ln=..,r=..,p=..$salt$hash):"
+            " make one with `scheduler dashboard --hash-password`"
+        )
+    ln, r, p = (int(v) for v in found.group(1, 2, 3))
+    if not (10 <= ln <= 20 and 1 <= r <= 32 and 1 <= p <= 16):
+        raise ValueError(f"scrypt parameters out of range (ln={ln}, r={r}, p={p})")
+    try:
+        _unb64(found.group(4)), _unb64(found.group(5))
+    except (binascii.Error, ValueError):
+        raise ValueError("the salt or the hash is not valid base64") from None
+
+
+def verify_password(password: str, encoded: str) -> bool:
+    """True if ``password`` matches ``encoded`` (compared in constant time)."""
+    found = _PHC.match(encoded)
+    if found is None:
+        return False
+    ln, r, p = (int(v) for v in found.group(1, 2, 3))
+    expected = _unb64(found.group(5))
+    digest = _scrypt(password, _unb64(found.group(4)), ln, r, p)
+    return hmac.compare_digest(digest, expected)
+
+
+class Signer:
+    """Signs and reads session cookies; makes and checks CSRF tokens."""
+
+    def __init__(self, secret: bytes, max_age: float = 12 * 3600) -> None:
+        self.secret = secret
+        self.max_age = max_age
+
+    def _mac(self, purpose: str, data: bytes) -> str:
+        return _url64(
+            hmac.new(self.secret, purpose.encode() + b"\0" + data, hashlib.sha256).digest()
+        )
+
+    def dumps(self, session: dict[str, Any]) -> str:
+        body = _url64(json.dumps({**session, "t": int(time.time())}).encode())
+        return f"{body}.{self._mac('session', body.encode())}"
+
+    def loads(self, cookie: str | None) -> dict[str, Any] | None:
+        """The session in a cookie, or None if it is missing, forged or expired."""
+        if not cookie or "." not in cookie:
+            return None
+        body, mac = cookie.rsplit(".", 1)
+        if not hmac.compare_digest(mac, self._mac("session", body.encode())):
+            return None
+        try:
+            data = json.loads(_unurl64(body))
+        except (ValueError, binascii.Error):
+            return None
+        if not isinstance(data, dict) or time.time() - float(data.get("t", 0)) > self.max_age:
+            return None
+        return data
+
+    def csrf_token(self, sid: str) -> str:
+        return self._mac("csrf", sid.encode())
+
+    def check_csrf(self, sid: str, token: str | None) -> bool:
+        return bool(token) and hmac.compare_digest(str(token), self.csrf_token(sid))
+
+
+# -- who may bind where ------------------------------------------------------------------------
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def credentials(settings: DashboardSettings) -> tuple[str, str] | None:
+    """(username, password hash) from ``[dashboard]``, the hash overridden by the env."""
+    password_hash = os.environ.get(DASHBOARD_PASSWORD_ENV) or settings.password_hash
+    if not password_hash:
+        return None
+    if not settings.username:
+        source = (
+            "$" + DASHBOARD_PASSWORD_ENV if os.environ.get(DASHBOARD_PASSWORD_ENV) else "the file"
+        )
+        raise ConfigError(
+            f"[dashboard]: key 'username': missing (a password hash is set in {source})"
+        )
+    return settings.username, password_hash
+
+
+def check_bind(host: str, settings: DashboardSettings, where: str = "[dashboard]") -> None:
+    """Refuse a non-loopback address when no credentials are configured."""
+    if not is_loopback(host) and credentials(settings) is None:
+        raise ConfigError(
+            f"{where}: refusing to serve the dashboard on {host} without credentials: set"
+            f" [dashboard] username and password_hash (`scheduler dashboard --hash-password`)"
+        )
