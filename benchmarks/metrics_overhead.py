@@ -47,7 +47,7 @@ from sqlalchemy import delete
 from scheduler import Scheduler
 from scheduler._config import MetricsSettings, TaskSpec
 from scheduler._handlers import Registry
-from scheduler._tables import metadata
+from scheduler._store.tables import metadata
 from scheduler._worker import Worker
 
 PG_DATABASE = "bench_metrics_15"

@@ -73,6 +73,9 @@ class MetricsSettings:
     port: int = 0  # the worker serves Prometheus text at /metrics on it; 0 = off
     host: str = "0.0.0.0"  # the address it listens on
     cache_seconds: float = 5.0  # the gauges read from the database are this old at most
+
+
+@dataclass(frozen=True)
 class DashboardSettings:
     """The ``[dashboard]`` table (SPEC §11)."""
 

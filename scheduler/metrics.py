@@ -54,7 +54,7 @@ from sqlalchemy import (
 
 from . import signals
 from ._jobs import QUEUED, STATES, SUCCEEDED, Job
-from ._tables import UTCDateTime, jobs, rows, workers
+from ._store.tables import UTCDateTime, jobs, rows, workers
 
 if TYPE_CHECKING:
     from ._app import Scheduler
@@ -204,8 +204,8 @@ class DatabaseCollector(Collector):
             since = ready_since.get(queue)
             age = 0.0 if since is None else (self.app.clock() - since).total_seconds()
             oldest.add_metric([queue], max(age, 0.0))
-        for state, number in task_states.items():
-            tasks.add_metric([state], number)
+        for task_state, number in task_states.items():
+            tasks.add_metric([task_state], number)
         yield from (by_state, oldest, tasks, success, failures, up)
 
 

@@ -16,7 +16,7 @@ from sqlalchemy import update
 from scheduler import PermanentError, Scheduler, TaskSpec, _jobs
 from scheduler._handlers import Registry
 from scheduler._jobs import JobStateError
-from scheduler._tables import jobs, rows
+from scheduler._store.tables import jobs, rows
 
 T0 = datetime(2030, 1, 7, 12, 0, 0, tzinfo=UTC)
 

@@ -353,7 +353,7 @@ def test_0004_adds_a_nullable_traceparent_and_keeps_the_jobs(app: Scheduler):
     from sqlalchemy import insert, select, update
 
     from scheduler._jobs import new_job_values
-    from scheduler._tables import jobs
+    from scheduler._store.tables import jobs
 
     engine = app.store.engine
     app.migrate()

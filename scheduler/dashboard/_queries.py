@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, bindparam, or_, select, union_all
 
-from .._tables import jobs, rows, runs
+from .._store.tables import jobs, rows, runs
 
 PAGE_SIZE = 50
 STRIP_LENGTH = 12
