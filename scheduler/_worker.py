@@ -203,7 +203,7 @@ class Worker:
 
     def _once(self, pool: ThreadPoolExecutor) -> None:
         self._tick()
-        while not self._stopping:
+        while not self._stopping and self.concurrency > 0:  # 0: tick only, run no jobs
             self._wake.clear()
             submitted = self._fill(pool)
             with self._lock:
