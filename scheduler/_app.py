@@ -127,7 +127,11 @@ class Scheduler:
     def sync(self, tasks: Iterable[TaskSpec] | None = None, *, dry_run: bool = False) -> SyncPlan:
         """Make the rows match the TOML tasks atomically; ``dry_run`` only plans."""
         self.check_schema()
-        chosen = self.tasks if tasks is None else tuple(tasks)
+        zone = self.settings.timezone  # a TaskSpec without one: as a task in the file
+        chosen = tuple(
+            task if task.timezone is not None else dataclasses.replace(task, timezone=zone)
+            for task in (self.tasks if tasks is None else tasks)
+        )
         with self.store.begin() as conn:
             return _rows.sync(
                 conn,

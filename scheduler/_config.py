@@ -11,7 +11,7 @@ import os
 import tomllib
 import unicodedata
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ._cron import validate_cron, validate_timezone
@@ -25,13 +25,17 @@ MAX_NAME_LENGTH = 200
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One recurring task as declared in ``[[tasks]]``."""
+    """One recurring task as declared in ``[[tasks]]``, with the file's defaults.
+
+    ``timezone`` None means the Scheduler's ``[scheduler] timezone`` (UTC unless set), as
+    for a task in the file without one; ``Scheduler.sync`` fills it in.
+    """
 
     name: str
     cron: str
     handler: str
-    payload: dict[str, Any]
-    timezone: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    timezone: str | None = None
     concurrent: bool = False
     max_consecutive_failures: int | None = None  # None: use [scheduler]'s; 0 = unlimited
     enabled: bool = True

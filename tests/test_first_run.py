@@ -113,3 +113,33 @@ def test_worker_once_with_concurrency_0_ticks_and_exits(
         assert reader.status()["jobs"]["queued"] == 1  # dispatched, and not run here
     finally:
         reader.close()
+
+
+# -- 10. TaskSpec takes the file's defaults -------------------------------------------------
+def test_taskspec_takes_the_same_defaults_as_the_file(migrated: str) -> None:
+    from scheduler import TaskSpec
+
+    spec = TaskSpec(name="t", cron="0 3 * * *", handler="t.ok")  # TypeError before
+    assert (spec.payload, spec.concurrent, spec.enabled, spec.max_consecutive_failures) == (
+        {},
+        False,
+        True,
+        None,
+    )
+    assert TaskSpec(name="u", cron="0 3 * * *", handler="t.ok").payload is not spec.payload
+    # timezone: the app's [scheduler] timezone, as a task without one in the file gets.
+    berlin = Scheduler(migrated, registry=Registry(), timezone="Europe/Berlin")
+    try:
+        berlin.sync([spec, TaskSpec(name="tokyo", cron="0 3 * * *", handler="t.ok",
+                                    timezone="Asia/Tokyo")])
+        assert berlin.get_row("t").timezone == "Europe/Berlin"  # type: ignore[union-attr]
+        assert berlin.get_row("tokyo").timezone == "Asia/Tokyo"  # type: ignore[union-attr]
+    finally:
+        berlin.close()
+    plain = Scheduler(migrated, registry=Registry(), tasks=[spec])
+    try:
+        plain.sync()
+        assert plain.get_row("t").timezone == "UTC"  # type: ignore[union-attr]
+        assert plain.get_row("t").payload == {}  # type: ignore[union-attr]
+    finally:
+        plain.close()
