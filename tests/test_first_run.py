@@ -130,8 +130,9 @@ def test_taskspec_takes_the_same_defaults_as_the_file(migrated: str) -> None:
     # timezone: the app's [scheduler] timezone, as a task without one in the file gets.
     berlin = Scheduler(migrated, registry=Registry(), timezone="Europe/Berlin")
     try:
-        berlin.sync([spec, TaskSpec(name="tokyo", cron="0 3 * * *", handler="t.ok",
-                                    timezone="Asia/Tokyo")])
+        berlin.sync(
+            [spec, TaskSpec(name="tokyo", cron="0 3 * * *", handler="t.ok", timezone="Asia/Tokyo")]
+        )
         assert berlin.get_row("t").timezone == "Europe/Berlin"  # type: ignore[union-attr]
         assert berlin.get_row("tokyo").timezone == "Asia/Tokyo"  # type: ignore[union-attr]
     finally:
