@@ -10,23 +10,63 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import URL, Engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
 from . import _alerts, _jobs, _migrate, _rows, _tick
-from ._config import AppConfig, SchedulerSettings, TaskSpec, WorkerSettings, load_config
-from ._errors import ConfigError
+from ._config import (
+    AppConfig,
+    SchedulerSettings,
+    TaskSpec,
+    WorkerSettings,
+    load_config,
+    normalize_database_url,
+)
+from ._errors import ConfigError, SchedulerError, SchemaOutdated
 from ._handlers import AbandonedHook, F, Registry
 from ._jobs import Job
 from ._payload import encode_payload
 from ._rows import SyncPlan, TaskRow
 from ._runner import Runner
-from ._store import Store
+from ._store import Store, make_engine
 from ._tick import TickReport
 from ._time import Clock, as_utc, utcnow
 
 #: Handlers registered with ``@app.handler`` land here unless a Scheduler gets its own
 #: ``registry``, so a worker started by the CLI sees the handlers its imports registered.
 default_registry = Registry()
+
+
+def _missing_driver(url: str, source: str, exc: ImportError) -> str:
+    parsed = make_url(url)
+    ours = {"postgresql": ("postgres", "psycopg"), "mysql": ("mysql", "pymysql")}
+    extra, driver = ours.get(parsed.get_backend_name().replace("mariadb", "mysql"), ("", ""))
+    hint = ""
+    if extra and parsed.get_driver_name() == driver:
+        hint = f": pip install 'scheduler[{extra}]'"
+    elif extra:
+        scheme = parsed.get_backend_name()
+        hint = (
+            f": install it, or write {scheme}://… for {driver} (pip install 'scheduler[{extra}]')"
+        )
+    return f"{source}: the database driver is not installed ({exc}){hint}"
+
+
+def _missing_database(url: URL, exc: OperationalError) -> str | None:
+    """For a server that says the database does not exist: how to create it; else None."""
+    text = str(exc.orig)
+    backend, name = url.get_backend_name(), url.database or ""
+    host = f"-h {url.host or 'localhost'}" + (f" -p {url.port}" if url.port else "")
+    if backend == "postgresql" and f'database "{name}" does not exist' in text:
+        user = f" -U {url.username}" if url.username else ""
+        return f"create it with `createdb {host}{user} {name}`, then run `scheduler migrate`"
+    if backend in ("mysql", "mariadb") and "Unknown database" in text:
+        host = host.replace("-p ", "-P ")
+        user = f" -u {url.username}" if url.username else ""
+        create = f'mysql {host}{user} -e "CREATE DATABASE {name}"'
+        return f"create it with `{create}`, then run `scheduler migrate`"
+    return None
 
 
 def default_worker_id() -> str:
@@ -48,6 +88,7 @@ class Scheduler:
         clock: Clock | None = None,
         worker_id: str | None = None,
         config_path: str | None = None,
+        database_source: str = "database_url",
         **overrides: Any,
     ) -> None:
         if engine is None and database_url is None:
@@ -65,7 +106,14 @@ class Scheduler:
         self.worker_settings = worker
         self.tasks = tuple(tasks)
         self.config_path = config_path
-        self.store = Store(engine if engine is not None else str(database_url))
+        self.database_source = database_source  # where the URL came from, for messages
+        if engine is None:
+            url = normalize_database_url(str(database_url), database_source)
+            try:
+                engine = make_engine(url)
+            except ImportError as exc:  # the URL's driver is not installed
+                raise ConfigError(_missing_driver(url, database_source, exc)) from None
+        self.store = Store(engine)
         self.registry = registry if registry is not None else default_registry
         self.clock: Clock = clock or utcnow
         self.worker_id = worker_id or default_worker_id()
@@ -85,6 +133,7 @@ class Scheduler:
             settings=config.scheduler,
             worker=config.worker,
             config_path=config.path,
+            database_source=config.database_source,
             **kwargs,
         )
 
@@ -117,11 +166,43 @@ class Scheduler:
         _migrate.migrate_to(self.store, revision)
         self._schema_ok = False
 
+    @property
+    def database_name(self) -> str:
+        """The database, for messages: a SQLite file's path, else the URL without password."""
+        url = self.store.engine.url
+        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+            return os.path.abspath(str(url.database))
+        return url.render_as_string(hide_password=True)
+
+    def _sqlite_file_missing(self) -> bool:
+        url = self.store.engine.url
+        database = url.database
+        if url.get_backend_name() != "sqlite" or not database or database == ":memory:":
+            return False
+        return not database.startswith("file:") and not os.path.exists(database)
+
     def check_schema(self) -> None:
-        """Raise :class:`SchemaOutdated` unless the schema is current (checked once)."""
-        if not self._schema_ok:
+        """Raise :class:`SchemaOutdated` unless the schema is current (checked once).
+
+        Only :meth:`migrate` creates a database: a SQLite file that does not exist is
+        refused here, before anything connects (a connection would create an empty file).
+        """
+        if self._schema_ok:
+            return
+        where = f"database {self.database_name} ({self.database_source})"
+        if self._sqlite_file_missing():
+            raise SchemaOutdated(f"{where} does not exist: create it with `scheduler migrate`")
+        try:
             _migrate.check_schema(self.store)
-            self._schema_ok = True
+        except SchemaOutdated as exc:
+            text = str(exc)
+            raise SchemaOutdated(f"{where}: {text.removeprefix('database ')}") from None
+        except OperationalError as exc:
+            missing = _missing_database(self.store.engine.url, exc)
+            if missing is None:
+                raise
+            raise SchedulerError(f"{where} does not exist on the server: {missing}") from None
+        self._schema_ok = True
 
     # -- rows -----------------------------------------------------------------------------
     def sync(self, tasks: Iterable[TaskSpec] | None = None, *, dry_run: bool = False) -> SyncPlan:

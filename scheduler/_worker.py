@@ -61,10 +61,13 @@ BACKOFF_MIN, BACKOFF_MAX = 0.5, 30.0
 MAX_TICK_OFFSET = 0.05  # seconds: the spread of the workers' tick offsets (see tick_offset)
 
 
-def import_handlers(modules: Iterable[str]) -> None:
-    """Import the modules that register handlers; the current directory is importable."""
+def import_handlers(modules: Iterable[str], folder: str | None = None) -> None:
+    """Import the modules that register handlers; the current directory is importable, and
+    ``folder`` (the config file's, where a project keeps its handler modules) first."""
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
+    if folder is not None and os.path.abspath(folder) not in sys.path:
+        sys.path.insert(0, os.path.abspath(folder))
     for name in modules:
         try:
             importlib.import_module(name)

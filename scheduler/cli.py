@@ -69,8 +69,9 @@ def _setup_logging(level: str) -> None:
 class State:
     """The configuration path; the Scheduler is built when a command first needs it."""
 
-    def __init__(self, config: str | None) -> None:
+    def __init__(self, config: str | None, config_given: bool = False) -> None:
         self.config = config
+        self.config_given = config_given  # by --config (not the environment)
         self.app: Scheduler | None = None
 
     def open(self, check_schema: bool = True) -> Scheduler:
@@ -84,8 +85,23 @@ class State:
             self.app = Scheduler.from_toml(path)
             os.environ[CONFIG_ENV] = path  # handler modules may build their own app from it
         if check_schema:
-            self.app.check_schema()  # refuse an outdated schema: "run `scheduler migrate`"
+            try:
+                self.app.check_schema()  # refuse an outdated schema: "run `scheduler migrate`"
+            except SchedulerError as exc:
+                if not self.config_given:
+                    raise
+                # `scheduler migrate` alone would read ./app.toml: name the file in use.
+                again = f"`scheduler --config {self.config} migrate`"
+                raise type(exc)(str(exc).replace("`scheduler migrate`", again)) from None
         return self.app
+
+    def import_handlers(self) -> None:
+        """Import the [worker] imports, from the config file's folder or the current one."""
+        from ._worker import import_handlers
+
+        app = self.open()
+        folder = os.path.dirname(app.config_path) if app.config_path else None
+        import_handlers(app.worker_settings.imports, folder)
 
     def close(self) -> None:
         if self.app is not None:
@@ -118,7 +134,8 @@ pass_state = click.make_pass_decorator(State)
 def cli(ctx: click.Context, config: str | None, debug: bool, log_level: str) -> None:
     """Recurring tasks with rerun-in-place, on a durable SQL job queue."""
     _setup_logging("DEBUG" if debug else log_level.upper())
-    state = State(config)
+    given = ctx.get_parameter_source("config") == click.core.ParameterSource.COMMANDLINE
+    state = State(config, config_given=given)
     ctx.obj = state
     ctx.call_on_close(state.close)
 
@@ -174,10 +191,8 @@ def tick(state: State, as_json: bool) -> None:
     creates get their handlers' defaults. The tick is recorded as a worker's is (one entry
     per host, HOST:tick), so `status` sees ticks run from cron or a systemd timer.
     """
-    from ._worker import import_handlers
-
     app = state.open()
-    import_handlers(app.worker_settings.imports)  # the jobs it creates take their defaults
+    state.import_handlers()  # the jobs it creates take their handlers' defaults
     report = app.tick().as_dict()
     ticked_at = app.clock()
     _health.record_one_shot_tick(app.store, ticked_at, ticked_at)
@@ -209,10 +224,10 @@ def worker(state: State, once: bool, concurrency: int | None) -> None:
     lets the running jobs finish within shutdown_grace_seconds (a second signal: no wait),
     leaves any still running to lease expiry and takeover, and exits 0.
     """
-    from ._worker import Worker, import_handlers
+    from ._worker import Worker
 
     app = state.open()
-    import_handlers(app.worker_settings.imports)
+    state.import_handlers()
     result = Worker(app, concurrency=concurrency).run(once=once, install_signals=True)
     if result.left_running:
         # Their threads would keep the interpreter alive; their leases expire instead.

@@ -262,6 +262,7 @@ COMMANDS = [["sync"], ["tick"], ["status", "--json"], ["enable", "x"], ["trigger
 
 def test_outdated_schema_is_refused_until_migrate(tmp_path: Path) -> None:
     db = tmp_path / "fresh.db"
+    db.touch()  # an empty database (a missing file: tests/test_first_run.py)
     write_config(tmp_path, f"sqlite:///{db}", tasks=TASK)
     for command, result in zip(COMMANDS, run_all(tmp_path, *COMMANDS), strict=True):
         assert "run `scheduler migrate`" in one_error_line(result), command
@@ -363,7 +364,9 @@ def test_debug_shows_the_traceback_and_usage_errors_exit_2(tmp_path: Path) -> No
     result = run_cli(tmp_path, "--debug", "status")
     assert result.returncode == 1
     assert "Traceback" in result.stderr and "SchemaOutdated" in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("error: database schema is at")
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: database {tmp_path / 'fresh.db'} ([database] url in ")
+    assert "does not exist: create it with `scheduler migrate`" in last
 
     usage, negative = run_all(tmp_path, ["frobnicate"], ["worker", "--concurrency", "-1"])
     assert usage.returncode == 2 and "No such command 'frobnicate'" in usage.stderr
