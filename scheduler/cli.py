@@ -7,12 +7,13 @@ the current directory. Every error is one line on stderr (``error: ...``) and ex
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, NoReturn
 from zoneinfo import ZoneInfo
@@ -27,6 +28,7 @@ from ._errors import ConfigError, SchedulerError
 CONFIG_ENV = "SCHEDULER_CONFIG"
 DEFAULT_CONFIG = "app.toml"
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+log = logging.getLogger("scheduler.cli")  # also when run as `python -m scheduler.cli`
 
 
 def describe(exc: BaseException) -> str:
@@ -158,6 +160,24 @@ def migrate(state: State, revision: str) -> None:
     click.echo(f"schema at revision {current or 'base'}{suffix}")
 
 
+def unknown_handlers(app: Scheduler, tasks: Iterable[tuple[str, str]]) -> list[str]:
+    """One line per (task, handler) whose handler no imported module registered."""
+    imports = app.worker_settings.imports
+    where = f"[worker] imports ({', '.join(imports)})" if imports else "[worker] imports (none)"
+    known = app.registry.names()
+    found = []
+    for name, handler in tasks:
+        if handler not in app.registry:
+            close = difflib.get_close_matches(handler, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            found.append(f"task {name!r}: handler {handler!r} is not registered by {where}{hint}")
+    return found
+
+
+def _enabled_rows(app: Scheduler) -> list[tuple[str, str]]:
+    return [(row.name, row.handler) for row in app.rows() if row.enabled]
+
+
 def _lines(names: dict[str, list[str]]) -> None:
     """``action: name, name`` per line, aligned; ``-`` for none."""
     width = max(len(key) for key in names) + 1
@@ -174,10 +194,19 @@ def sync(state: State, dry_run: bool) -> None:
     Inserts new tasks, updates changed ones, disables rows no longer in the file; all or
     nothing. Prints the plan.
     """
-    plan = state.open().sync(dry_run=dry_run)
+    app = state.open()
+    try:
+        state.import_handlers()  # to check the handlers the tasks name
+    except ImportError as exc:
+        problems = [f"handlers not checked: {describe(exc)}"]
+    else:
+        problems = unknown_handlers(app, [(t.name, t.handler) for t in app.tasks if t.enabled])
+    plan = app.sync(dry_run=dry_run)
     if dry_run:
         click.echo("dry run: nothing written")
     _lines(plan.as_dict())
+    for problem in problems:
+        click.echo(f"warning: {problem}", err=True)
 
 
 @cli.command()
@@ -193,6 +222,8 @@ def tick(state: State, as_json: bool) -> None:
     """
     app = state.open()
     state.import_handlers()  # the jobs it creates take their handlers' defaults
+    for problem in unknown_handlers(app, _enabled_rows(app)):
+        click.echo(f"warning: {problem}", err=True)
     report = app.tick().as_dict()
     ticked_at = app.clock()
     _health.record_one_shot_tick(app.store, ticked_at, ticked_at)
@@ -215,8 +246,14 @@ def tick(state: State, as_json: bool) -> None:
     metavar="N",
     help="Jobs run at once (0: tick only) [default: [worker] concurrency].",
 )
+@click.option(
+    "--allow-unknown-handlers",
+    is_flag=True,
+    help="Start even if an enabled task names a handler that no module in [worker] imports"
+    " registered (its jobs then abort with no_handler); logged as a warning.",
+)
 @pass_state
-def worker(state: State, once: bool, concurrency: int | None) -> None:
+def worker(state: State, once: bool, concurrency: int | None, allow_unknown_handlers: bool) -> None:
     """Run the worker: tick, claim and run jobs.
 
     Imports the [worker] imports modules, then ticks every tick_interval and runs ready jobs
@@ -228,6 +265,18 @@ def worker(state: State, once: bool, concurrency: int | None) -> None:
 
     app = state.open()
     state.import_handlers()
+    problems = unknown_handlers(app, _enabled_rows(app))
+    if problems and not allow_unknown_handlers:
+        for problem in problems:
+            click.echo(f"error: {problem}", err=True)
+        click.echo(
+            "error: the worker does not start with unknown handlers: fix the tasks or"
+            " [worker] imports, or pass --allow-unknown-handlers",
+            err=True,
+        )
+        sys.exit(1)
+    for problem in problems:
+        log.warning("%s", problem)
     result = Worker(app, concurrency=concurrency).run(once=once, install_signals=True)
     if result.left_running:
         # Their threads would keep the interpreter alive; their leases expire instead.

@@ -295,3 +295,49 @@ def test_a_bad_database_url_is_one_line_naming_its_source(
     project(tmp_path, "sqlite:///unused.db")
     line = one_error_line(run(tmp_path, "status", env=clean_env(SCHEDULER_DATABASE_URL=url)))
     assert line.startswith(f"error: SCHEDULER_DATABASE_URL: {says}"), line
+
+
+# -- 6. a handler nobody registered ---------------------------------------------------------
+UNKNOWN = (
+    '[[tasks]]\nname = "t1"\ncron = "0 3 * * *"\nhandler = "t.okk"\n\n'
+    '[[tasks]]\nname = "t2"\ncron = "0 3 * * *"\nhandler = "t.ok"\n\n'
+    '[[tasks]]\nname = "t3"\ncron = "0 3 * * *"\nhandler = "nobody"\n'
+)
+
+
+def test_sync_warns_and_the_worker_refuses_an_unknown_handler(
+    tmp_path: Path, migrated: str
+) -> None:
+    project(tmp_path, migrated, tasks=UNKNOWN)
+    synced = run(tmp_path, "sync")
+    assert synced.returncode == 0, synced.stderr
+    assert synced.stdout.splitlines()[0] == "insert:    t1, t2, t3"
+    imports = "not registered by [worker] imports (first_jobs)"
+    assert synced.stderr.splitlines() == [
+        f"warning: task 't1': handler 't.okk' is {imports}; did you mean 't.ok'?",
+        f"warning: task 't3': handler 'nobody' is {imports}",
+    ]
+    refused, allowed = (
+        run(tmp_path, "worker", "--once"),
+        run(tmp_path, "worker", "--once", "--allow-unknown-handlers"),
+    )
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.splitlines() == [
+        f"error: task 't1': handler 't.okk' is {imports}; did you mean 't.ok'?",
+        f"error: task 't3': handler 'nobody' is {imports}",
+        "error: the worker does not start with unknown handlers: fix the tasks or"
+        " [worker] imports, or pass --allow-unknown-handlers",
+    ]
+    assert allowed.returncode == 0, allowed.stderr
+    assert f"WARNING scheduler.cli: task 't1': handler 't.okk' is {imports}" in allowed.stderr
+
+
+def test_sync_says_when_it_cannot_check_the_handlers(tmp_path: Path, migrated: str) -> None:
+    path = project(tmp_path, migrated, tasks=UNKNOWN)
+    path.write_text(path.read_text().replace('"first_jobs"', '"first_jobs", "not_there"'))
+    synced = run(tmp_path, "sync")
+    assert synced.returncode == 0, synced.stderr
+    assert synced.stderr.splitlines() == [
+        "warning: handlers not checked: cannot import 'not_there' from [worker] imports:"
+        " No module named 'not_there'"
+    ]
