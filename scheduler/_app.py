@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 import uuid
@@ -12,9 +13,9 @@ from typing import Any
 
 from sqlalchemy import URL, Engine
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
-from . import _alerts, _jobs, _migrate, _rows, _tick
+from . import _alerts, _health, _jobs, _migrate, _rows, _tick
 from ._config import (
     AppConfig,
     SchedulerSettings,
@@ -36,6 +37,7 @@ from ._time import Clock, as_utc, utcnow
 #: Handlers registered with ``@app.handler`` land here unless a Scheduler gets its own
 #: ``registry``, so a worker started by the CLI sees the handlers its imports registered.
 default_registry = Registry()
+log = logging.getLogger(__name__)
 
 
 def _missing_driver(url: str, source: str, exc: ImportError) -> str:
@@ -67,6 +69,10 @@ def _missing_database(url: URL, exc: OperationalError) -> str | None:
         create = f'mysql {host}{user} -e "CREATE DATABASE {name}"'
         return f"create it with `{create}`, then run `scheduler migrate`"
     return None
+
+
+#: Seconds of the clock between two records of this Scheduler's ticks (``Scheduler.tick``).
+TICK_RECORD_SECONDS = 5.0
 
 
 def default_worker_id() -> str:
@@ -118,6 +124,7 @@ class Scheduler:
         self.clock: Clock = clock or utcnow
         self.worker_id = worker_id or default_worker_id()
         self._schema_ok = False
+        self._tick_recorded_at: datetime | None = None
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str], **kwargs: Any) -> Scheduler:
@@ -223,7 +230,31 @@ class Scheduler:
             )
 
     def tick(self, now: datetime | None = None) -> TickReport:
-        """Dispatch, rerun, hold back or disable every due row; see SPEC §2."""
+        """Dispatch, rerun, hold back or disable every due row; see SPEC §2.
+
+        The tick is kept on record for ``status`` (any process that ticks counts as ticking),
+        at most once every ``TICK_RECORD_SECONDS`` of the clock: the idle tick stays one
+        statement in between.
+        """
+        ticked_at = as_utc(now) if now is not None else self.clock()
+        report = self._tick(ticked_at)
+        self._record_tick(ticked_at)
+        return report
+
+    def _record_tick(self, ticked_at: datetime) -> None:
+        now = self.clock()
+        last = self._tick_recorded_at
+        if last is not None and last <= now < last + timedelta(seconds=TICK_RECORD_SECONDS):
+            return
+        try:
+            _health.record_tick(self.store, now, ticked_at)
+        except SQLAlchemyError as exc:  # the tick itself is done: worth a warning, no more
+            log.warning("could not record the tick for `status`: %s", exc)
+            return
+        self._tick_recorded_at = now
+
+    def _tick(self, now: datetime | None = None) -> TickReport:
+        """The tick without its record (a running worker records its ticks itself)."""
         self.check_schema()
         return _tick.tick(
             self.store,
@@ -337,8 +368,6 @@ class Scheduler:
 
     def status(self) -> dict[str, Any]:
         """Rows, job counts and health: the data of ``scheduler status --json`` (SPEC §5)."""
-        from . import _health
-
         return _health.status(self)
 
     def close(self) -> None:

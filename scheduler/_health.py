@@ -3,7 +3,7 @@
 :func:`status` reads in one transaction, four queries (rows with their last job's state, one
 aggregate over the jobs, the latest finished attempt, the workers); ``now`` defaults to the
 app's clock. Workers record that they are alive with :func:`touch` (``scheduler_workers``), and
-``scheduler tick`` and ``worker --once`` their ticks with :func:`record_one_shot_tick`.
+every tick outside a running worker is kept with :func:`record_tick`.
 """
 
 from __future__ import annotations
@@ -39,26 +39,40 @@ class Thresholds:
     row_held_back: float = 3600.0  # a row waiting this long on its in-flight job
     stalled: float = 600.0  # jobs waiting this long and nothing finished meanwhile
     tick: float = 120.0  # no scheduler tick for this long
+    worker_gone: float = 30.0  # a worker not seen for this long is not running (kill -9)
 
 
 # -- presence: each worker keeps a row in scheduler_workers --------------------------------
 REGISTER_ATTEMPTS = 5  # a lost race to register an id is retried as an update
 
 
-def touch(store: Store, worker_id: str, now: datetime, last_tick_at: datetime | None) -> None:
+def touch(
+    store: Store,
+    worker_id: str,
+    now: datetime,
+    last_tick_at: datetime | None,
+    *,
+    keep_latest: bool = False,
+) -> None:
     """Record that ``worker_id`` is alive (and when it last ticked); registers it if needed.
 
     Two processes may register one id at once (``scheduler tick`` runs share their host's id):
     the one that loses (a duplicate key on PostgreSQL, a deadlock on MariaDB) updates the row
-    the other inserted.
+    the other inserted. ``keep_latest``: an older ``last_tick_at`` than the one on record (from
+    another process of the host) leaves it.
     """
     values = {"last_seen_at": now, "last_tick_at": last_tick_at}
+    changes: dict[str, Any] = dict(values)
+    if keep_latest and last_tick_at is not None:
+        on_record = workers.c.last_tick_at
+        newer = on_record.is_(None) | (on_record < last_tick_at)
+        changes["last_tick_at"] = case((newer, last_tick_at), else_=on_record)
     for attempt in range(1, REGISTER_ATTEMPTS + 1):
         registering = False
         try:
             with store.begin() as conn:
                 found = conn.execute(
-                    update(workers).where(workers.c.id == worker_id).values(**values)
+                    update(workers).where(workers.c.id == worker_id).values(**changes)
                 )
                 if found.rowcount == 0:  # first call, or forgotten meanwhile: register
                     registering = True
@@ -77,16 +91,21 @@ def touch(store: Store, worker_id: str, now: datetime, last_tick_at: datetime | 
                 raise
 
 
-def one_shot_tick_id() -> str:
-    """The id ``scheduler tick`` and ``scheduler worker --once`` record their ticks under: one
-    row per host, not one per run."""
-    return f"{socket.gethostname()}:tick"
+TICK_SUFFIX = ":tick"
 
 
-def record_one_shot_tick(store: Store, now: datetime, ticked_at: datetime) -> None:
-    """Keep a tick of a process that exits right after on record, under
-    :func:`one_shot_tick_id`: ticks run from cron(8) or a timer count for :func:`status`."""
-    touch(store, one_shot_tick_id(), now, ticked_at)
+def tick_record_id() -> str:
+    """The id the host's ticks are kept on record under, one row per host: those of
+    ``scheduler tick``, of ``app.tick()`` in any process, and the last tick of a worker that
+    stopped. Not a worker: :func:`status` counts only the workers' own rows."""
+    return f"{socket.gethostname()}{TICK_SUFFIX}"
+
+
+def record_tick(store: Store, now: datetime, ticked_at: datetime) -> None:
+    """Keep a tick on record under :func:`tick_record_id` (the latest of the host's wins), so
+    that ``status`` sees ticks run from the Python API, cron(8) or a timer, and the last
+    tick of a worker after it stopped."""
+    touch(store, tick_record_id(), now, ticked_at, keep_latest=True)
 
 
 def forget(
@@ -187,6 +206,11 @@ def status(
     disabled = [r for r in task_rows if not r.enabled]
     ticks = [w.last_tick_at for w in seen if w.last_tick_at is not None]
     last_tick = max(ticks) if ticks else None
+    running = [  # workers' own rows, seen lately: not the hosts' tick records
+        w
+        for w in seen
+        if not w.id.endswith(TICK_SUFFIX) and not older(w.last_seen_at, limits.worker_gone)
+    ]
 
     warnings: list[str] = []
     if overdue:
@@ -221,11 +245,17 @@ def status(
                 f"{r.consecutive_failures} consecutive failures: fix it, then "
                 f"`scheduler enable {r.name}`"
             )
-    if enabled and not seen:
-        warnings.append("no worker is running: start `scheduler worker`")
-    elif enabled and (last_tick is None or older(last_tick, limits.tick)):
+    # Any process that ticks counts (SPEC §13): a recent tick is all that matters here.
+    if enabled and (last_tick is None or older(last_tick, limits.tick)):
         since = f"since {iso(last_tick)}" if last_tick else "yet"
-        warnings.append(f"no scheduler tick {since}: are the workers stuck?")
+        if running:
+            warnings.append(f"no scheduler tick {since}: are the workers stuck?")
+        elif last_tick is None:
+            warnings.append("no worker is running: start `scheduler worker`")
+        else:
+            warnings.append(
+                f"no scheduler tick {since} and no worker is running: start `scheduler worker`"
+            )
 
     return {
         "rows": [_row(r) for r in task_rows],
@@ -252,7 +282,7 @@ def status(
                     "last_seen_at": iso(w.last_seen_at),
                     "last_tick_at": iso(w.last_tick_at),
                 }
-                for w in seen
+                for w in running
             ],
         },
     }

@@ -5,8 +5,8 @@ offset of its own (see :func:`tick_offset`); at least every second it takes over
 lease expired and claims ready ones, never more than it has free threads (``concurrency``; 0 =
 tick only). A heartbeat thread renews the leases of the running jobs every third of a lease.
 Every minute it purges old jobs and delivers ``row_disabled`` alerts a crash left undelivered.
-It keeps a row in ``scheduler_workers`` (``scheduler status`` reads it) and deletes it on exit;
-a ``--once`` run leaves its tick on record for ``status`` (``_health.record_one_shot_tick``).
+It keeps a row in ``scheduler_workers`` (``scheduler status`` reads it) and deletes it on exit,
+leaving its last tick on record for ``status`` (``_health.record_tick``).
 
 SIGTERM/SIGINT stop the claiming; running jobs get ``shutdown_grace_seconds`` to finish (a
 second signal cuts the grace short); jobs still running then are left to lease expiry and
@@ -150,19 +150,18 @@ class Worker:
             pool.shutdown(wait=not left, cancel_futures=True)
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-            if once:
-                self._record_one_shot_tick()
+            self._keep_tick_on_record()
             self._unregister()
         return WorkerResult(self._handled, left)
 
-    def _record_one_shot_tick(self) -> None:
-        """A ``--once`` run's tick stays on record after it exits, as ``scheduler tick``'s
-        does (one entry per host, ``HOST:tick``): a worker run from cron(8) or a timer counts
-        for ``status``, which would otherwise warn that no worker is running."""
+    def _keep_tick_on_record(self) -> None:
+        """The worker's last tick stays on record after it stops (its own row goes), as
+        ``scheduler tick``'s does (one entry per host, ``HOST:tick``): ``status`` shows when
+        the schedule last ticked, and a ``--once`` run from cron(8) or a timer counts."""
         if self._ticked_at is None:
             return
         try:
-            _health.record_one_shot_tick(self.app.store, self.app.clock(), self._ticked_at)
+            _health.record_tick(self.app.store, self.app.clock(), self._ticked_at)
         except Exception as exc:
             self._log_error("recording the tick", exc, None)
 
@@ -219,7 +218,7 @@ class Worker:
         self._housekeeping()
 
     def _tick(self) -> None:
-        report = self.app.tick()
+        report = self.app._tick()  # recorded by _touch, with the worker's presence
         self._ticked_at = self.app.clock()
         for outcome, names in report.as_dict().items():
             if names:  # holds and lost races repeat every tick: debug only

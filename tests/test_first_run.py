@@ -11,7 +11,9 @@ import os
 import shutil
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -341,3 +343,102 @@ def test_sync_says_when_it_cannot_check_the_handlers(tmp_path: Path, migrated: s
         "warning: handlers not checked: cannot import 'not_there' from [worker] imports:"
         " No module named 'not_there'"
     ]
+
+
+# -- 2. status after ticks through the API, a --once worker, a clean stop -----------------
+def test_ticks_through_the_python_api_count_for_status(migrated: str) -> None:
+    from scheduler import TaskSpec
+
+    app = Scheduler(migrated, registry=Registry())
+    try:
+        app.handler("t.ok", retry_safe=True)(lambda job: None)
+        app.sync([TaskSpec(name="every-second", cron="* * * * * *", handler="t.ok")])
+        before = datetime.now(UTC)
+        app.tick()
+        app.work()
+        health = app.status()["health"]
+        assert health["warnings"] == []  # "no worker is running" before
+        assert before <= datetime.fromisoformat(health["last_tick_at"]) <= datetime.now(UTC)
+        assert health["workers"] == []  # no `scheduler worker` runs
+    finally:
+        app.close()
+
+
+def test_the_api_records_its_ticks_at_most_every_few_seconds(migrated: str) -> None:
+    """The idle tick stays one statement; the record is one more, once per TICK_RECORD_SECONDS
+    of the app's clock (per Scheduler object, so per process)."""
+    from sqlalchemy import event
+
+    from scheduler._app import TICK_RECORD_SECONDS
+
+    now = [datetime(2030, 1, 7, 12, 0, tzinfo=UTC)]
+    app = Scheduler(migrated, registry=Registry(), clock=lambda: now[0])
+    statements: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if not statement.lstrip().upper().startswith(("BEGIN", "COMMIT", "ROLLBACK")):
+            statements.append(statement.split()[0].upper())
+
+    try:
+        app.check_schema()
+        event.listen(app.store.engine, "before_cursor_execute", count)
+        per_tick = []
+        for step in (0, 1, TICK_RECORD_SECONDS - 1.5, 0.5, 1, TICK_RECORD_SECONDS):
+            now[0] += timedelta(seconds=step)
+            statements.clear()
+            app.tick()
+            per_tick.append(list(statements))
+        record = ["SELECT", "UPDATE", "INSERT"]  # the first record registers the entry
+        assert per_tick == [
+            record,  # the first tick of the process
+            ["SELECT"],
+            ["SELECT"],
+            ["SELECT", "UPDATE"],  # TICK_RECORD_SECONDS after the first record
+            ["SELECT"],
+            ["SELECT", "UPDATE"],
+        ]
+        last = app.status()["health"]["last_tick_at"]
+        assert last == (now[0]).isoformat().replace("+00:00", "Z")
+    finally:
+        app.close()
+
+
+def _status_text(cwd: Path) -> str:
+    return ok(run(cwd, "status"))
+
+
+def test_status_after_a_once_worker_and_after_a_clean_stop(tmp_path: Path, migrated: str) -> None:
+    import signal
+    import time
+
+    project(tmp_path, migrated)
+    ok(run(tmp_path, "sync"))
+    ok(run(tmp_path, "worker", "--once"))
+    text = _status_text(tmp_path)
+    assert ", 0 worker(s)" in text and "last tick -" not in text  # "1 worker(s)" before
+    assert "warning:" not in text
+
+    reader = Scheduler(migrated, registry=Registry())
+    worker = subprocess.Popen(
+        [*COMMAND, "worker"], cwd=tmp_path, env=clean_env(), stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not reader.status()["health"]["workers"]:
+            assert time.monotonic() < deadline and worker.poll() is None
+            time.sleep(0.2)
+        ticked = reader.status()["health"]["last_tick_at"]
+        while reader.status()["health"]["last_tick_at"] == ticked:  # a tick of its own
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        worker.send_signal(signal.SIGINT)
+        _, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0, err
+    health = reader.status()["health"]
+    reader.close()
+    assert health["workers"] == [] and health["warnings"] == []
+    last = datetime.fromisoformat(health["last_tick_at"])
+    assert datetime.now(UTC) - last < timedelta(seconds=10)  # "last tick -" before
+    text = _status_text(tmp_path)
+    assert f"last tick {health['last_tick_at']}, 0 worker(s)" in text
