@@ -1,7 +1,8 @@
 """Health: rows, job counts and the warnings of ``scheduler status`` (SPEC §5, §6).
 
 :func:`status` reads in one transaction, four queries (rows with their last job's state, one
-aggregate over the jobs, the latest finished attempt, the workers); ``now`` defaults to the
+aggregate over the jobs, the latest finished attempt, the workers; a fifth for the error codes
+when some task's last run aborted); ``now`` defaults to the
 app's clock. Workers record that they are alive with :func:`touch` (``scheduler_workers``), and
 every tick outside a running worker is kept with :func:`record_tick`.
 """
@@ -19,7 +20,7 @@ from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from . import _rows
-from ._jobs import CLAIMED, QUEUED, STATES
+from ._jobs import ABORTED, CLAIMED, QUEUED, STATES
 from ._store import Store
 from ._tables import jobs, runs, workers
 
@@ -126,12 +127,15 @@ def iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat().replace("+00:00", "Z")
 
 
-def _row(row: _rows.TaskRow) -> dict[str, Any]:
-    local = row.next_run_at.astimezone(ZoneInfo(row.timezone)) if row.next_run_at else None
+def _row(row: _rows.TaskRow, error_codes: dict[int, str | None]) -> dict[str, Any]:
+    # A disabled row's next_run_at is stale (enable computes a new one): it has no next run.
+    next_run = row.next_run_at if row.enabled else None
+    local = next_run.astimezone(ZoneInfo(row.timezone)) if next_run else None
+    failing = row.enabled and row.last_job_state == ABORTED
     return {
         "name": row.name,
         "enabled": row.enabled,
-        "next_run_at": iso(row.next_run_at),
+        "next_run_at": iso(next_run),
         "last_job_state": row.last_job_state,
         "consecutive_failures": row.consecutive_failures,
         "disabled_reason": row.disabled_reason,
@@ -142,6 +146,9 @@ def _row(row: _rows.TaskRow) -> dict[str, Any]:
         "handler": row.handler,
         "last_job_id": row.last_job_id,
         "disabled_at": iso(row.disabled_at),
+        # The last run aborted; consecutive_failures counts it at the next slot (SPEC §2).
+        "failing": failing,
+        "last_error_code": error_codes.get(row.last_job_id) if row.last_job_id else None,
     }
 
 
@@ -174,6 +181,13 @@ def status(
         agg = _job_aggregates(conn, now, limits)
         last_finished = conn.execute(select(func.max(runs.c.finished_at))).scalar()
         seen = list(conn.execute(select(workers).order_by(workers.c.started_at)))
+        aborted = [r.last_job_id for r in task_rows if r.last_job_state == ABORTED]
+        error_codes: dict[int, str | None] = {}
+        if aborted:  # only when some task's last run failed
+            found = conn.execute(
+                select(jobs.c.id, jobs.c.last_error_code).where(jobs.c.id.in_(aborted))
+            )
+            error_codes = {job_id: code for job_id, code in found}
     counts = {state: int(agg._mapping[state]) for state in STATES}
     waiting, overdue, stopped = int(agg.waiting), int(agg.overdue), int(agg.stopped)
     oldest_ready = agg.oldest_ready
@@ -230,18 +244,32 @@ def status(
         )
     if rows_overdue:
         warnings.append(
-            f"row(s) overdue by more than {limits.row_overdue:g}s (is a scheduler "
+            f"task(s) overdue by more than {limits.row_overdue:g}s (is a scheduler "
             f"ticking?): {', '.join(rows_overdue)}"
         )
     if held_back:
         warnings.append(
-            f"row(s) held back for more than {limits.row_held_back:g}s by a job still"
+            f"task(s) held back for more than {limits.row_held_back:g}s by a job still"
             f" in flight: {', '.join(held_back)}"
         )
+    for r in enabled:
+        if r.last_job_state == ABORTED and r.last_job_id is not None:
+            limit = (
+                r.max_consecutive_failures
+                if r.max_consecutive_failures is not None
+                else app.settings.max_consecutive_failures
+            )
+            counted = r.consecutive_failures + 1
+            left = f"{counted} of {limit} before the task is disabled" if limit else "no limit"
+            warnings.append(
+                f"task {r.name!r}: its last run aborted ({error_codes.get(r.last_job_id)});"
+                " the failure is counted at its next slot, which reruns the job in place"
+                f" ({left})"
+            )
     for r in disabled:
         if r.disabled_reason not in _CHOSEN_DISABLES:
             warnings.append(
-                f"row {r.name!r} disabled ({r.disabled_reason}) after "
+                f"task {r.name!r} disabled ({r.disabled_reason}) after "
                 f"{r.consecutive_failures} consecutive failures: fix it, then "
                 f"`scheduler enable {r.name}`"
             )
@@ -258,7 +286,7 @@ def status(
             )
 
     return {
-        "rows": [_row(r) for r in task_rows],
+        "rows": [_row(r, error_codes) for r in task_rows],
         "jobs": counts,
         "health": {
             "waiting": waiting,

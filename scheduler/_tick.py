@@ -391,7 +391,7 @@ def _settle(
 ) -> None:
     report.add(outcome, row.name)
     log.debug(
-        "tick: row %s %s", row.name, outcome, extra={"action": f"row_{outcome}", "row": row.name}
+        "tick: task %s %s", row.name, outcome, extra={"action": f"row_{outcome}", "row": row.name}
     )
     if after_commit is not None:
         after_commit(conn)
@@ -447,7 +447,7 @@ def _after_failure(
         )
         code = cause(conn, row.last_job_id, row.job_error)
         log.warning(
-            "row %s disabled after %s consecutive failures (last error %s)",
+            "task %s disabled after %s consecutive failures (last error %s)",
             row.name,
             failures,
             code,

@@ -1,5 +1,8 @@
 """The ``scheduler`` command: migrate, sync, tick, worker, status, enable, disable, trigger.
 
+Users read "task" everywhere (help, messages, logs); "row" is the table's word, kept for the
+names that are contract: the ``row_disabled`` signal and the ``rows`` key of ``status --json``.
+
 The configuration file comes from ``--config``, else ``SCHEDULER_CONFIG``, else ``app.toml`` in
 the current directory. Every error is one line on stderr (``error: ...``) and exit status 1
 (2 for a usage error); ``--debug`` adds the traceback. Logging is configured here and only here.
@@ -189,10 +192,11 @@ def _lines(names: dict[str, list[str]]) -> None:
 @click.option("--dry-run", is_flag=True, help="Show what would change; write nothing.")
 @pass_state
 def sync(state: State, dry_run: bool) -> None:
-    """Make the scheduler rows match the [[tasks]] of the file.
+    """Store the [[tasks]] of the file in the database.
 
-    Inserts new tasks, updates changed ones, disables rows no longer in the file; all or
-    nothing. Prints the plan.
+    Inserts new tasks, updates changed ones, disables tasks no longer in the file; all or
+    nothing. Prints the plan. Warns about tasks whose handler [worker] imports does not
+    register.
     """
     app = state.open()
     try:
@@ -215,7 +219,7 @@ def sync(state: State, dry_run: bool) -> None:
 def tick(state: State, as_json: bool) -> None:
     """Run one scheduler tick.
 
-    Each due row is dispatched, rerun in place, held back or disabled; prints the row names
+    Each due task is dispatched, rerun in place, held back or disabled; prints the task names
     per outcome. Handler modules in [worker] imports are imported first, so the jobs the tick
     creates get their handlers' defaults. The tick is recorded as a worker's is (one entry
     per host, HOST:tick), so `status` sees ticks run from cron or a systemd timer.
@@ -292,7 +296,7 @@ def _hard_exit(code: int) -> NoReturn:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @pass_state
 def status(state: State, as_json: bool) -> None:
-    """Show rows, job counts and health warnings."""
+    """Show tasks, job counts and health warnings."""
     data = state.open().status()
     if as_json:
         click.echo(json.dumps(data, indent=2))
@@ -320,7 +324,7 @@ def _print_status(data: dict[str, Any]) -> None:
     for line in table if data["rows"] else []:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
     if not data["rows"]:
-        click.echo("no scheduler rows (run `scheduler sync`)")
+        click.echo("no tasks (run `scheduler sync`)")
     click.echo("\njobs: " + ", ".join(f"{state} {n}" for state, n in data["jobs"].items()))
     h = data["health"]
     click.echo(
@@ -346,9 +350,9 @@ def _row_command(
 ENABLED = "enabled {row}: failures reset, next run computed from now"
 ALREADY = "{row} was already enabled: nothing changed"
 TRIGGERED = "triggered {row}: due now; the next tick dispatches it (same gates)"
-_row_command("enable", Scheduler.enable, ENABLED, "Re-enable row NAME, reset its failures.")
-_row_command("disable", Scheduler.disable, "disabled {row}", "Pause row NAME (until enable).")
-_row_command("trigger", Scheduler.trigger, TRIGGERED, "Make row NAME due now (same gates).")
+_row_command("enable", Scheduler.enable, ENABLED, "Re-enable task NAME, reset its failures.")
+_row_command("disable", Scheduler.disable, "disabled {row}", "Pause task NAME (until enable).")
+_row_command("trigger", Scheduler.trigger, TRIGGERED, "Make task NAME due now (same gates).")
 
 
 def main(argv: list[str] | None = None) -> None:

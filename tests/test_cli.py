@@ -327,7 +327,7 @@ CREDENTIAL = TASK.replace("[[tasks]]", "[[tasks]]\npayload = { api_token = 's3cr
             "key 'handlr': unknown key (did you mean 'handler'?)",
         ),
         (["sync"], TASK + "[worker]\n", "", "invalid TOML"),
-        (["enable", "nope"], TASK, "", "no scheduler row named 'nope'"),
+        (["enable", "nope"], TASK, "", "no task named 'nope'"),
         (
             ["worker", "--once"],
             TASK,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -442,3 +443,122 @@ def test_status_after_a_once_worker_and_after_a_clean_stop(tmp_path: Path, migra
     assert datetime.now(UTC) - last < timedelta(seconds=10)  # "last tick -" before
     text = _status_text(tmp_path)
     assert f"last tick {health['last_tick_at']}, 0 worker(s)" in text
+
+
+# -- 7. a failed run shows at once; 9. a disabled task has no next run ---------------------
+def test_a_failed_run_shows_in_status_at_once(migrated: str) -> None:
+    from scheduler import TaskSpec
+
+    class ServiceDown(Exception):
+        code = "service_down"
+
+    app = Scheduler(migrated, registry=Registry())
+    try:
+
+        @app.handler("t.fail", retry_safe=True, max_attempts=1)
+        def fail(job: Any) -> None:
+            raise ServiceDown("down")
+
+        app.sync(
+            [
+                TaskSpec(
+                    name="check", cron="0 3 * * *", handler="t.fail", max_consecutive_failures=3
+                ),
+                TaskSpec(
+                    name="free", cron="0 3 * * *", handler="t.fail", max_consecutive_failures=0
+                ),
+            ]
+        )
+        app.trigger("check")
+        app.trigger("free")
+        app.tick()
+        app.work()
+        data = app.status()
+        check, free = data["rows"]
+        assert (check["last_job_state"], check["consecutive_failures"]) == ("aborted", 0)
+        assert (check["failing"], check["last_error_code"]) == (True, "service_down")
+        assert data["health"]["warnings"] == [  # no warning before
+            "task 'check': its last run aborted (service_down); the failure is counted at"
+            " its next slot, which reruns the job in place (1 of 3 before the task is"
+            " disabled)",
+            "task 'free': its last run aborted (service_down); the failure is counted at"
+            " its next slot, which reruns the job in place (no limit)",
+        ]
+        app.disable("free")
+        free = app.status()["rows"][1]
+        assert free["failing"] is False and free["next_run_at"] is None  # a time before
+        assert free["next_run_local"] is None
+    finally:
+        app.close()
+
+
+# -- 8. "task" wherever a user reads ------------------------------------------------------
+ROW_WORD = re.compile(r"\brows?\b", re.IGNORECASE)  # row_disabled (a signal's name) is fine
+
+
+def test_the_cli_help_says_task() -> None:
+    from click.testing import CliRunner
+
+    from scheduler.cli import cli
+
+    runner = CliRunner()
+    texts = {"": runner.invoke(cli, ["--help"]).output}
+    for name in cli.list_commands(click_context()):
+        texts[name] = runner.invoke(cli, [name, "--help"]).output
+    assert {
+        name: ROW_WORD.findall(text) for name, text in texts.items() if ROW_WORD.search(text)
+    } == {}
+    assert "Pause task NAME" in texts["disable"]
+
+
+def click_context() -> Any:
+    import click
+
+    from scheduler.cli import cli
+
+    return click.Context(cli)
+
+
+def test_errors_logs_and_status_say_task(
+    migrated: str, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import logging
+
+    from scheduler import SchedulerError, TaskSpec
+    from scheduler.cli import _print_status
+
+    app = Scheduler(migrated, registry=Registry())
+    try:
+        _print_status(app.status())
+        assert capsys.readouterr().out.splitlines()[0] == "no tasks (run `scheduler sync`)"
+        with pytest.raises(SchedulerError) as unknown:
+            app.enable("nope")
+        assert str(unknown.value) == "no task named 'nope' (run `scheduler sync`?)"
+
+        @app.handler("t.fail", retry_safe=True, max_attempts=1)
+        def fail(job: Any) -> None:
+            raise ValueError("down")
+
+        spec = TaskSpec(
+            name="flaky", cron="0 3 * * *", handler="t.fail", max_consecutive_failures=1
+        )
+        app.sync([spec])
+        with caplog.at_level(logging.DEBUG, logger="scheduler"):
+            for _ in range(2):
+                app.trigger("flaky")
+                app.tick()
+                app.work()
+        with pytest.raises(SchedulerError) as disabled:
+            app.trigger("flaky")
+        assert str(disabled.value).startswith("task 'flaky' is disabled")
+        said = [r.getMessage() for r in caplog.records if ROW_WORD.search(r.getMessage())]
+        assert said == []
+        assert any(
+            "task flaky disabled after 1 consecutive failures" in r.getMessage()
+            for r in caplog.records
+        )
+        _print_status(app.status())
+        out = capsys.readouterr().out
+        assert "warning: task 'flaky' disabled" in out and not ROW_WORD.search(out)
+    finally:
+        app.close()

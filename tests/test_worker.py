@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -398,7 +398,6 @@ def test_the_worker_ticks_on_the_grid_whatever_its_start(tmp_path: Path) -> None
 def test_a_once_worker_leaves_its_tick_on_record_for_status(app: Scheduler) -> None:
     """cron(8) running `worker --once`: between runs `status` still sees the last tick (under
     the host's one-shot entry, as `scheduler tick` records it) and warns of nothing."""
-    import socket
 
     from scheduler import TaskSpec
     from scheduler._health import status
