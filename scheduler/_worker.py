@@ -105,7 +105,7 @@ def _log(level: int, action: str, message: str, *args: Any, **fields: Any) -> No
 
 
 class WorkerResult(NamedTuple):
-    handled: int  # jobs this worker ran to an outcome
+    handled: int  # runs (job attempts) this worker took to an outcome
     left_running: int  # jobs still running when the shutdown grace ran out
 
 
@@ -353,7 +353,7 @@ class Worker:
             _health.forget(self.app.store, self.app.worker_id)
         except Exception as exc:
             self._log_error("unregistering", exc, None)
-        stopped = f"worker {self.app.worker_id} stopped after {self._handled} job(s)"
+        stopped = f"worker {self.app.worker_id} stopped after {self._handled} run(s)"
         _log(logging.INFO, "worker_stopped", stopped)
 
     @staticmethod

@@ -562,3 +562,52 @@ def test_errors_logs_and_status_say_task(
         assert "warning: task 'flaky' disabled" in out and not ROW_WORD.search(out)
     finally:
         app.close()
+
+
+# -- 9. logs that tell runs apart ------------------------------------------------------------
+def test_reruns_log_their_run_number_and_the_worker_counts_runs(
+    migrated: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from scheduler import TaskSpec
+    from scheduler._worker import Worker
+
+    app = Scheduler(migrated, registry=Registry())
+    try:
+
+        @app.handler("t.fail", retry_safe=True, max_attempts=2, queue="default")
+        def fail(job: Any) -> None:
+            raise ValueError("down")
+
+        app.sync(
+            [TaskSpec(name="flaky", cron="0 3 * * *", handler="t.fail", max_consecutive_failures=0)]
+        )
+        with caplog.at_level(logging.INFO, logger="scheduler"):
+            for _ in range(3):
+                app.trigger("flaky")
+                app.tick()
+                app.work()  # attempt 1; attempt 2 waits out its back-off
+                with app.store.begin() as conn:  # make the retry ready now
+                    from sqlalchemy import update
+
+                    from scheduler._tables import jobs
+
+                    conn.execute(update(jobs).values(run_at=app.clock()))
+                app.work()
+        said = [
+            r.getMessage().split(" raised")[0] for r in caplog.records if "raised" in r.getMessage()
+        ]
+        job = app.get_row("flaky").last_job_id  # type: ignore[union-attr]
+        assert said == [  # every one was "attempt 1/2" or "attempt 2/2" before
+            f"job {job} (t.fail, task flaky) run {run}, attempt {attempt}/2"
+            for run in (1, 2, 3)
+            for attempt in (1, 2)
+        ]
+        caplog.clear()
+        app.trigger("flaky")
+        with caplog.at_level(logging.INFO, logger="scheduler"):
+            Worker(app, concurrency=1).run(once=True)
+        assert any(r.getMessage().endswith("stopped after 1 run(s)") for r in caplog.records)
+    finally:
+        app.close()
