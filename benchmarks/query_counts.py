@@ -21,7 +21,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from sqlalchemy import Engine, create_engine, delete, event, text
 from sqlalchemy.engine import make_url
 
 from scheduler import Scheduler, TaskSpec
+from scheduler._app import TICK_RECORD_SECONDS
 from scheduler._handlers import Registry
 from scheduler._store.tables import metadata
 
@@ -106,7 +107,13 @@ def measure(url: str, verbose: bool = False) -> Counts:
         [job] = runner.claim(1)
         count("fail (retry later)", lambda: runner.run(job))
         count("work(), nothing ready", app.work)
+        # A tick is kept on record for `status` at most once per TICK_RECORD_SECONDS of the
+        # clock, per Scheduler: the process's first tick registers the record, the ticks
+        # within that time write nothing more, the first one past it updates the record.
+        count("tick, idle, first of the process", app.tick)
         count("tick, idle", app.tick)
+        now[0] += timedelta(seconds=TICK_RECORD_SECONDS)
+        count(f"tick, idle, {TICK_RECORD_SECONDS:g} s later", app.tick)
         app.sync(
             [
                 TaskSpec(

@@ -98,7 +98,7 @@ def deliver_pending(conn: Connection, *, now: datetime, older_than: timedelta) -
         found = pending(conn, now=now, older_than=older_than)
     for alert in found:
         log.warning(
-            "delivering a row_disabled alert for %s left undelivered",
+            "delivering a row_disabled alert for task %s left undelivered",
             alert.row,
             extra={"action": "alert_redelivered", "row": alert.row},
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 import uuid
@@ -10,9 +11,11 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import URL, Engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
-from . import _alerts, _jobs, _migrate, _rows, _tick, _tracing
+from . import _alerts, _health, _jobs, _migrate, _rows, _tick, _tracing
 from ._config import (
     AppConfig,
     DashboardSettings,
@@ -21,20 +24,57 @@ from ._config import (
     TaskSpec,
     WorkerSettings,
     load_config,
+    normalize_database_url,
 )
-from ._errors import ConfigError
+from ._errors import ConfigError, SchedulerError, SchemaOutdated
 from ._handlers import AbandonedHook, F, Registry
 from ._jobs import Job
 from ._payload import encode_payload
 from ._rows import SyncPlan, TaskRow
 from ._runner import Runner
-from ._store import Store
+from ._store import Store, make_engine
 from ._tick import TickReport
 from ._time import Clock, as_utc, utcnow
 
 #: Handlers registered with ``@app.handler`` land here unless a Scheduler gets its own
 #: ``registry``, so a worker started by the CLI sees the handlers its imports registered.
 default_registry = Registry()
+log = logging.getLogger(__name__)
+
+
+def _missing_driver(url: str, source: str, exc: ImportError) -> str:
+    parsed = make_url(url)
+    ours = {"postgresql": ("postgres", "psycopg"), "mysql": ("mysql", "pymysql")}
+    extra, driver = ours.get(parsed.get_backend_name().replace("mariadb", "mysql"), ("", ""))
+    hint = ""
+    if extra and parsed.get_driver_name() == driver:
+        hint = f": pip install 'scheduler[{extra}]'"
+    elif extra:
+        scheme = parsed.get_backend_name()
+        hint = (
+            f": install it, or write {scheme}://… for {driver} (pip install 'scheduler[{extra}]')"
+        )
+    return f"{source}: the database driver is not installed ({exc}){hint}"
+
+
+def _missing_database(url: URL, exc: OperationalError) -> str | None:
+    """For a server that says the database does not exist: how to create it; else None."""
+    text = str(exc.orig)
+    backend, name = url.get_backend_name(), url.database or ""
+    host = f"-h {url.host or 'localhost'}" + (f" -p {url.port}" if url.port else "")
+    if backend == "postgresql" and f'database "{name}" does not exist' in text:
+        user = f" -U {url.username}" if url.username else ""
+        return f"create it with `createdb {host}{user} {name}`, then run `scheduler migrate`"
+    if backend in ("mysql", "mariadb") and "Unknown database" in text:
+        host = host.replace("-p ", "-P ")
+        user = f" -u {url.username}" if url.username else ""
+        create = f'mysql {host}{user} -e "CREATE DATABASE {name}"'
+        return f"create it with `{create}`, then run `scheduler migrate`"
+    return None
+
+
+#: Seconds of the clock between two records of this Scheduler's ticks (``Scheduler.tick``).
+TICK_RECORD_SECONDS = 5.0
 
 
 def default_worker_id() -> str:
@@ -57,6 +97,7 @@ class Scheduler:
         worker_id: str | None = None,
         config_path: str | None = None,
         metrics: MetricsSettings | None = None,
+        database_source: str = "database_url",
         **overrides: Any,
     ) -> None:
         if engine is None and database_url is None:
@@ -75,12 +116,20 @@ class Scheduler:
         self.metrics_settings = metrics or MetricsSettings()
         self.tasks = tuple(tasks)
         self.config_path = config_path
-        self.store = Store(engine if engine is not None else str(database_url))
+        self.database_source = database_source  # where the URL came from, for messages
+        if engine is None:
+            url = normalize_database_url(str(database_url), database_source)
+            try:
+                engine = make_engine(url)
+            except ImportError as exc:  # the URL's driver is not installed
+                raise ConfigError(_missing_driver(url, database_source, exc)) from None
+        self.store = Store(engine)
         self.registry = registry if registry is not None else default_registry
         self.clock: Clock = clock or utcnow
         self.worker_id = worker_id or default_worker_id()
         self._schema_ok = False
         self.dashboard_settings = DashboardSettings()  # the file's [dashboard], if any
+        self._tick_recorded_at: datetime | None = None
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str], **kwargs: Any) -> Scheduler:
@@ -98,6 +147,7 @@ class Scheduler:
             worker=config.worker,
             config_path=config.path,
             metrics=config.metrics,
+            database_source=config.database_source,
             **kwargs,
         )
         app.dashboard_settings = config.dashboard
@@ -132,17 +182,53 @@ class Scheduler:
         _migrate.migrate_to(self.store, revision)
         self._schema_ok = False
 
+    @property
+    def database_name(self) -> str:
+        """The database, for messages: a SQLite file's path, else the URL without password."""
+        url = self.store.engine.url
+        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+            return os.path.abspath(str(url.database))
+        return url.render_as_string(hide_password=True)
+
+    def _sqlite_file_missing(self) -> bool:
+        url = self.store.engine.url
+        database = url.database
+        if url.get_backend_name() != "sqlite" or not database or database == ":memory:":
+            return False
+        return not database.startswith("file:") and not os.path.exists(database)
+
     def check_schema(self) -> None:
-        """Raise :class:`SchemaOutdated` unless the schema is current (checked once)."""
-        if not self._schema_ok:
+        """Raise :class:`SchemaOutdated` unless the schema is current (checked once).
+
+        Only :meth:`migrate` creates a database: a SQLite file that does not exist is
+        refused here, before anything connects (a connection would create an empty file).
+        """
+        if self._schema_ok:
+            return
+        where = f"database {self.database_name} ({self.database_source})"
+        if self._sqlite_file_missing():
+            raise SchemaOutdated(f"{where} does not exist: create it with `scheduler migrate`")
+        try:
             _migrate.check_schema(self.store)
-            self._schema_ok = True
+        except SchemaOutdated as exc:
+            text = str(exc)
+            raise SchemaOutdated(f"{where}: {text.removeprefix('database ')}") from None
+        except OperationalError as exc:
+            missing = _missing_database(self.store.engine.url, exc)
+            if missing is None:
+                raise
+            raise SchedulerError(f"{where} does not exist on the server: {missing}") from None
+        self._schema_ok = True
 
     # -- rows -----------------------------------------------------------------------------
     def sync(self, tasks: Iterable[TaskSpec] | None = None, *, dry_run: bool = False) -> SyncPlan:
         """Make the rows match the TOML tasks atomically; ``dry_run`` only plans."""
         self.check_schema()
-        chosen = self.tasks if tasks is None else tuple(tasks)
+        zone = self.settings.timezone  # a TaskSpec without one: as a task in the file
+        chosen = tuple(
+            task if task.timezone is not None else dataclasses.replace(task, timezone=zone)
+            for task in (self.tasks if tasks is None else tasks)
+        )
         with self.store.begin() as conn:
             return _rows.sync(
                 conn,
@@ -153,7 +239,31 @@ class Scheduler:
             )
 
     def tick(self, now: datetime | None = None) -> TickReport:
-        """Dispatch, rerun, hold back or disable every due row (docs/explanation/tick.md)."""
+        """Dispatch, rerun, hold back or disable every due row (docs/explanation/tick.md).
+
+        The tick is kept on record for ``status`` (any process that ticks counts as ticking),
+        at most once every ``TICK_RECORD_SECONDS`` of the clock: the idle tick stays one
+        statement in between.
+        """
+        ticked_at = as_utc(now) if now is not None else self.clock()
+        report = self._tick(ticked_at)
+        self._record_tick(ticked_at)
+        return report
+
+    def _record_tick(self, ticked_at: datetime) -> None:
+        now = self.clock()
+        last = self._tick_recorded_at
+        if last is not None and last <= now < last + timedelta(seconds=TICK_RECORD_SECONDS):
+            return
+        try:
+            _health.record_tick(self.store, now, ticked_at)
+        except SQLAlchemyError as exc:  # the tick itself is done: worth a warning, no more
+            log.warning("could not record the tick for `status`: %s", exc)
+            return
+        self._tick_recorded_at = now
+
+    def _tick(self, now: datetime | None = None) -> TickReport:
+        """The tick without its record (a running worker records its ticks itself)."""
         self.check_schema()
         return _tick.tick(
             self.store,
@@ -282,8 +392,6 @@ class Scheduler:
 
     def status(self) -> dict[str, Any]:
         """Rows, job counts and health: the data of ``scheduler status --json``."""
-        from . import _health
-
         return _health.status(self)
 
     def close(self) -> None:

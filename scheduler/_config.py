@@ -11,7 +11,7 @@ import os
 import tomllib
 import unicodedata
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ._cron import validate_cron, validate_timezone
@@ -27,13 +27,17 @@ MAX_NAME_LENGTH = 200
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One recurring task as declared in ``[[tasks]]``."""
+    """One recurring task as declared in ``[[tasks]]``, with the file's defaults.
+
+    ``timezone`` None means the Scheduler's ``[scheduler] timezone`` (UTC unless set), as
+    for a task in the file without one; ``Scheduler.sync`` fills it in.
+    """
 
     name: str
     cron: str
     handler: str
-    payload: dict[str, Any]
-    timezone: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    timezone: str | None = None
     concurrent: bool = False
     max_consecutive_failures: int | None = None  # None: use [scheduler]'s; 0 = unlimited
     enabled: bool = True
@@ -98,6 +102,9 @@ class AppConfig:
     tasks: tuple[TaskSpec, ...]
     metrics: MetricsSettings = MetricsSettings()
     dashboard: DashboardSettings = DashboardSettings()
+    #: Where ``database_url`` came from, for messages: ``[database] url in FILE`` or
+    #: ``SCHEDULER_DATABASE_URL``.
+    database_source: str = "[database] url"
 
 
 _MISSING: Any = object()
@@ -345,11 +352,68 @@ def _tasks(data: list[Any], path: str, settings: SchedulerSettings) -> tuple[Tas
     return tuple(specs)
 
 
+#: Spellings of a database URL without a driver, and the driver the scheduler uses for each.
+_DRIVERS = {
+    "postgres": "postgresql+psycopg",
+    "postgresql": "postgresql+psycopg",
+    "mysql": "mysql+pymysql",
+    "mariadb": "mariadb+pymysql",
+}
+_EXAMPLES = "sqlite:///FILE.db, postgresql://USER@HOST/DBNAME or mysql://USER@HOST/DBNAME"
+
+
+def normalize_database_url(url: str, source: str) -> str:
+    """``url`` with the scheduler's driver for the common spellings (``postgres://``,
+    ``postgresql://``: psycopg; ``mysql://``, ``mariadb://``: PyMySQL); a ConfigError naming
+    ``source`` for a URL that is not one SQLAlchemy can open."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ConfigError(f"{source}: not a database URL: expected {_EXAMPLES}") from None
+    scheme = parsed.drivername
+    if scheme in _DRIVERS:
+        return url.replace(f"{scheme}:", f"{_DRIVERS[scheme]}:", 1)
+    try:
+        parsed.get_dialect()
+    except Exception:  # NoSuchModuleError and its kin: the scheme names no dialect
+        raise ConfigError(
+            f"{source}: unknown database kind {scheme!r}: expected {_EXAMPLES}"
+        ) from None
+    return url
+
+
+def _relative_to(url: str, folder: str) -> str:
+    """A SQLite URL's relative file path made relative to ``folder`` (the config file's)."""
+    if not url.startswith("sqlite"):
+        return url
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return url  # normalize_database_url says what is wrong with it
+    database = parsed.database
+    if (
+        not database
+        or database == ":memory:"
+        or database.startswith("file:")
+        or os.path.isabs(database)
+    ):
+        return url
+    return parsed.set(database=os.path.join(folder, database)).render_as_string(hide_password=False)
+
+
 def parse_config(data: Mapping[str, Any], path: str = "<config>") -> AppConfig:
     """Check already-parsed TOML ``data``; ``path`` names the source in error messages.
 
-    ``SCHEDULER_DATABASE_URL``, when set and non-empty, overrides ``[database] url``.
-    ``AppConfig.path`` is ``path``, or None when left at ``"<config>"`` (no file).
+    ``SCHEDULER_DATABASE_URL``, when set and non-empty, overrides ``[database] url`` (and is
+    taken as given: a relative SQLite path is the working directory's). A relative SQLite path
+    in the file is relative to the file's folder. ``AppConfig.path`` is ``path``, or None when
+    left at ``"<config>"`` (no file).
     """
     sections: dict[str, Any] = {
         "database": {},
@@ -365,11 +429,18 @@ def parse_config(data: Mapping[str, Any], path: str = "<config>") -> AppConfig:
         top.get("database", "a table", _is_table), f"{path}: [database]", {"url": DEFAULT_URL}
     )
     url = database.check_keys().text("url")
+    source = "[database] url" if path == "<config>" else f"[database] url in {path}"
+    if path != "<config>":
+        url = _relative_to(url, os.path.dirname(os.path.abspath(path)))
+    if os.environ.get(DATABASE_URL_ENV):
+        url, source = os.environ[DATABASE_URL_ENV], DATABASE_URL_ENV
+    url = normalize_database_url(url, source)
     settings = _scheduler_settings(top.get("scheduler", "a table", _is_table), path)
     tasks = top.get("tasks", "an array of tables", lambda v: isinstance(v, list))
     return AppConfig(
         path=None if path == "<config>" else path,
-        database_url=os.environ.get(DATABASE_URL_ENV) or url,
+        database_url=url,
+        database_source=source,
         scheduler=settings,
         worker=_worker_settings(top.get("worker", "a table", _is_table), path),
         tasks=_tasks(tasks, path, settings),

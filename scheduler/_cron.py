@@ -9,9 +9,10 @@ wildcard or a step follows real time: both repeated hours run, the missing hour 
 from __future__ import annotations
 
 import functools
+import math
 import re
 import threading
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -26,6 +27,7 @@ NICKNAMES = frozenset(
 # An hour's worth of one-second slots is the most a fall-back can make us skip (two hours for
 # Antarctica/Troll); anything beyond this bound is a bug, not a schedule.
 _MAX_SKIPS = 10_000
+_DAY, _SECOND = timedelta(days=1), timedelta(seconds=1)
 
 
 def validate_timezone(tz: str) -> ZoneInfo:
@@ -119,22 +121,6 @@ def _iterator(expr: str, tz: str, hash_id: bytes | None) -> croniter:
 _lock = threading.Lock()
 
 
-@functools.lru_cache(maxsize=4096)
-def _named(expr: str, hash_id: bytes | None) -> tuple[frozenset[int] | None, ...]:
-    """The minutes and hours `expr` names (None for a bare `*`)."""
-    fields = croniter.expand(expr, hash_id=hash_id)[0][:2]
-    return tuple(None if f == ["*"] else frozenset(int(v) for v in f) for f in fields)
-
-
-def _moved_out_of_gap(local: datetime, expr: str, hash_id: bytes | None) -> bool:
-    """True when croniter moved a slot out of a spring-forward gap to a wall-clock time the
-    expression does not name (``0 */2`` at 03:00): real-time expressions skip such slots."""
-    minutes, hours = _named(expr, hash_id)
-    return (minutes is not None and local.minute not in minutes) or (
-        hours is not None and local.hour not in hours
-    )
-
-
 def next_after(expr: str, tz: str, after: datetime, name: str) -> datetime:
     """First slot of `expr` in zone `tz` strictly after `after`, as an aware UTC datetime."""
     if after.tzinfo is None or after.utcoffset() is None:
@@ -142,19 +128,76 @@ def next_after(expr: str, tz: str, after: datetime, name: str) -> datetime:
     return _next(expr, tz, _hash_id(expr, name), after.astimezone(UTC))
 
 
+@functools.lru_cache(maxsize=4096)
+def _fixed_offset_iterator(expr: str, seconds: int, hash_id: bytes | None) -> croniter:
+    """A parsed expression read at one fixed UTC offset."""
+    zone = timezone(timedelta(seconds=seconds))
+    return _Croniter(expr, datetime.now(zone), hash_id=hash_id)
+
+
+def _offset(zone: ZoneInfo, at: datetime) -> timedelta:
+    offset = at.astimezone(zone).utcoffset()
+    assert offset is not None
+    return offset
+
+
+def _offset_changes(zone: ZoneInfo, start: datetime, end: datetime) -> datetime | None:
+    """The first instant in (start, end] whose UTC offset differs from ``start``'s, to the
+    second, or None. Probed a day apart, then bisected: zones shift at most once a day."""
+    before = _offset(zone, start)
+    lo = start
+    while lo < end:
+        hi = min(lo + _DAY, end)
+        if _offset(zone, hi) != before:
+            # Shifts fall on whole seconds: bisect whole seconds, lo old offset, hi new.
+            low, high = math.floor(lo.timestamp()), math.ceil(hi.timestamp())
+            while high - low > 1:
+                mid = (low + high) // 2
+                at = datetime.fromtimestamp(mid, UTC)
+                low, high = (mid, high) if _offset(zone, at) == before else (low, mid)
+            return datetime.fromtimestamp(high, UTC)
+        lo = hi
+    return None
+
+
+def _next_real_time(expr: str, tz: str, hash_id: bytes | None, after_utc: datetime) -> datetime:
+    """The first instant after ``after_utc`` whose wall clock in ``tz`` matches ``expr``.
+
+    Between two shifts of the zone's offset the wall clock is the UTC clock plus a constant,
+    so the expression is read at that fixed offset; a slot found past a shift is dropped and
+    the search starts again at the shift with the new offset. A repeated wall-clock time thus
+    fires in both offsets and one inside a gap never, whatever the size of the shift.
+    """
+    zone = ZoneInfo(tz)
+    start = after_utc
+    for _ in range(_MAX_SKIPS):
+        offset = _offset(zone, start)
+        it = _fixed_offset_iterator(expr, int(offset.total_seconds()), hash_id)
+        with _lock:  # a cached iterator is stateful
+            # From the instant itself when it is a shift's first second: strictly after the
+            # second before it (slots are whole seconds).
+            base = start if start == after_utc else start - _SECOND
+            it.set_current(base.timestamp(), force=True)
+            candidate: datetime = it.get_next(datetime).astimezone(UTC)
+        shift = _offset_changes(zone, start, candidate)
+        if shift is None:
+            return candidate
+        start = shift
+    raise RuntimeError(f"no slot found for cron {expr!r} in {tz} after {after_utc.isoformat()}")
+
+
 # One tick asks for the slot after the same `now` for every row with the same expression.
 @functools.lru_cache(maxsize=1024)
 def _next(expr: str, tz: str, hash_id: bytes | None, after_utc: datetime) -> datetime:
-    fixed = has_fixed_hour(expr)
+    if not has_fixed_hour(expr):
+        return _next_real_time(expr, tz, hash_id, after_utc)
     it = _iterator(expr, tz, hash_id)
     with _lock:  # a cached iterator is stateful
         it.set_current(after_utc.timestamp(), force=True)  # a timestamp is never ambiguous
         for _ in range(_MAX_SKIPS):
             local: datetime = it.get_next(datetime)
             utc = local.astimezone(UTC)
-            if utc <= after_utc or (fixed and _is_repeat(local)):
-                continue
-            if not fixed and _moved_out_of_gap(local, expr, hash_id):
+            if utc <= after_utc or _is_repeat(local):
                 continue
             return utc
     raise RuntimeError(f"no slot found for cron {expr!r} in {tz} after {after_utc.isoformat()}")

@@ -23,7 +23,7 @@ class SchemaOutdated(SchedulerError):
 
 
 class UnknownRow(SchedulerError, LookupError):
-    """No scheduler row has that name."""
+    """No task has that name."""
 
 
 class LeaseLost(SchedulerError):

@@ -1,9 +1,10 @@
 """Health: rows, job counts and the warnings of ``scheduler status`` (docs/runbook.md).
 
 :func:`status` reads in one transaction, four queries (rows with their last job's state, one
-aggregate over the jobs, the latest finished attempt, the workers); ``now`` defaults to the
+aggregate over the jobs, the latest finished attempt, the workers; a fifth for the error codes
+when some task's last run aborted); ``now`` defaults to the
 app's clock. Workers record that they are alive with :func:`touch` (``scheduler_workers``), and
-``scheduler tick`` and ``worker --once`` their ticks with :func:`record_one_shot_tick`.
+every tick outside a running worker is kept with :func:`record_tick`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from . import _rows
-from ._jobs import CLAIMED, QUEUED, STATES
+from ._jobs import ABORTED, CLAIMED, QUEUED, STATES
 from ._store import Store
 from ._store.tables import jobs, runs, workers
 
@@ -39,26 +40,40 @@ class Thresholds:
     row_held_back: float = 3600.0  # a row waiting this long on its in-flight job
     stalled: float = 600.0  # jobs waiting this long and nothing finished meanwhile
     tick: float = 120.0  # no scheduler tick for this long
+    worker_gone: float = 30.0  # a worker not seen for this long is not running (kill -9)
 
 
 # -- presence: each worker keeps a row in scheduler_workers --------------------------------
 REGISTER_ATTEMPTS = 5  # a lost race to register an id is retried as an update
 
 
-def touch(store: Store, worker_id: str, now: datetime, last_tick_at: datetime | None) -> None:
+def touch(
+    store: Store,
+    worker_id: str,
+    now: datetime,
+    last_tick_at: datetime | None,
+    *,
+    keep_latest: bool = False,
+) -> None:
     """Record that ``worker_id`` is alive (and when it last ticked); registers it if needed.
 
     Two processes may register one id at once (``scheduler tick`` runs share their host's id):
     the one that loses (a duplicate key on PostgreSQL, a deadlock on MariaDB) updates the row
-    the other inserted.
+    the other inserted. ``keep_latest``: an older ``last_tick_at`` than the one on record (from
+    another process of the host) leaves it.
     """
     values = {"last_seen_at": now, "last_tick_at": last_tick_at}
+    changes: dict[str, Any] = dict(values)
+    if keep_latest and last_tick_at is not None:
+        on_record = workers.c.last_tick_at
+        newer = on_record.is_(None) | (on_record < last_tick_at)
+        changes["last_tick_at"] = case((newer, last_tick_at), else_=on_record)
     for attempt in range(1, REGISTER_ATTEMPTS + 1):
         registering = False
         try:
             with store.begin() as conn:
                 found = conn.execute(
-                    update(workers).where(workers.c.id == worker_id).values(**values)
+                    update(workers).where(workers.c.id == worker_id).values(**changes)
                 )
                 if found.rowcount == 0:  # first call, or forgotten meanwhile: register
                     registering = True
@@ -77,16 +92,21 @@ def touch(store: Store, worker_id: str, now: datetime, last_tick_at: datetime | 
                 raise
 
 
-def one_shot_tick_id() -> str:
-    """The id ``scheduler tick`` and ``scheduler worker --once`` record their ticks under: one
-    row per host, not one per run."""
-    return f"{socket.gethostname()}:tick"
+TICK_SUFFIX = ":tick"
 
 
-def record_one_shot_tick(store: Store, now: datetime, ticked_at: datetime) -> None:
-    """Keep a tick of a process that exits right after on record, under
-    :func:`one_shot_tick_id`: ticks run from cron(8) or a timer count for :func:`status`."""
-    touch(store, one_shot_tick_id(), now, ticked_at)
+def tick_record_id() -> str:
+    """The id the host's ticks are kept on record under, one row per host: those of
+    ``scheduler tick``, of ``app.tick()`` in any process, and the last tick of a worker that
+    stopped. Not a worker: :func:`status` counts only the workers' own rows."""
+    return f"{socket.gethostname()}{TICK_SUFFIX}"
+
+
+def record_tick(store: Store, now: datetime, ticked_at: datetime) -> None:
+    """Keep a tick on record under :func:`tick_record_id` (the latest of the host's wins), so
+    that ``status`` sees ticks run from the Python API, cron(8) or a timer, and the last
+    tick of a worker after it stopped."""
+    touch(store, tick_record_id(), now, ticked_at, keep_latest=True)
 
 
 def forget(
@@ -107,12 +127,15 @@ def iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat().replace("+00:00", "Z")
 
 
-def _row(row: _rows.TaskRow) -> dict[str, Any]:
-    local = row.next_run_at.astimezone(ZoneInfo(row.timezone)) if row.next_run_at else None
+def _row(row: _rows.TaskRow, error_codes: dict[int, str | None]) -> dict[str, Any]:
+    # A disabled row's next_run_at is stale (enable computes a new one): it has no next run.
+    next_run = row.next_run_at if row.enabled else None
+    local = next_run.astimezone(ZoneInfo(row.timezone)) if next_run else None
+    failing = row.enabled and row.last_job_state == ABORTED
     return {
         "name": row.name,
         "enabled": row.enabled,
-        "next_run_at": iso(row.next_run_at),
+        "next_run_at": iso(next_run),
         "last_job_state": row.last_job_state,
         "consecutive_failures": row.consecutive_failures,
         "disabled_reason": row.disabled_reason,
@@ -123,6 +146,9 @@ def _row(row: _rows.TaskRow) -> dict[str, Any]:
         "handler": row.handler,
         "last_job_id": row.last_job_id,
         "disabled_at": iso(row.disabled_at),
+        # The last run aborted; consecutive_failures counts it at the next slot (SPEC §2).
+        "failing": failing,
+        "last_error_code": error_codes.get(row.last_job_id) if row.last_job_id else None,
     }
 
 
@@ -155,6 +181,13 @@ def status(
         agg = _job_aggregates(conn, now, limits)
         last_finished = conn.execute(select(func.max(runs.c.finished_at))).scalar()
         seen = list(conn.execute(select(workers).order_by(workers.c.started_at)))
+        aborted = [r.last_job_id for r in task_rows if r.last_job_state == ABORTED]
+        error_codes: dict[int, str | None] = {}
+        if aborted:  # only when some task's last run failed
+            found = conn.execute(
+                select(jobs.c.id, jobs.c.last_error_code).where(jobs.c.id.in_(aborted))
+            )
+            error_codes = {job_id: code for job_id, code in found}
     counts = {state: int(agg._mapping[state]) for state in STATES}
     waiting, overdue, stopped = int(agg.waiting), int(agg.overdue), int(agg.stopped)
     oldest_ready = agg.oldest_ready
@@ -187,6 +220,11 @@ def status(
     disabled = [r for r in task_rows if not r.enabled]
     ticks = [w.last_tick_at for w in seen if w.last_tick_at is not None]
     last_tick = max(ticks) if ticks else None
+    running = [  # workers' own rows, seen lately: not the hosts' tick records
+        w
+        for w in seen
+        if not w.id.endswith(TICK_SUFFIX) and not older(w.last_seen_at, limits.worker_gone)
+    ]
 
     warnings: list[str] = []
     if overdue:
@@ -206,29 +244,49 @@ def status(
         )
     if rows_overdue:
         warnings.append(
-            f"row(s) overdue by more than {limits.row_overdue:g}s (is a scheduler "
+            f"task(s) overdue by more than {limits.row_overdue:g}s (is a scheduler "
             f"ticking?): {', '.join(rows_overdue)}"
         )
     if held_back:
         warnings.append(
-            f"row(s) held back for more than {limits.row_held_back:g}s by a job still"
+            f"task(s) held back for more than {limits.row_held_back:g}s by a job still"
             f" in flight: {', '.join(held_back)}"
         )
+    for r in enabled:
+        if r.last_job_state == ABORTED and r.last_job_id is not None:
+            limit = (
+                r.max_consecutive_failures
+                if r.max_consecutive_failures is not None
+                else app.settings.max_consecutive_failures
+            )
+            counted = r.consecutive_failures + 1
+            left = f"{counted} of {limit} before the task is disabled" if limit else "no limit"
+            warnings.append(
+                f"task {r.name!r}: its last run aborted ({error_codes.get(r.last_job_id)});"
+                " the failure is counted at its next slot, which reruns the job in place"
+                f" ({left})"
+            )
     for r in disabled:
         if r.disabled_reason not in _CHOSEN_DISABLES:
             warnings.append(
-                f"row {r.name!r} disabled ({r.disabled_reason}) after "
+                f"task {r.name!r} disabled ({r.disabled_reason}) after "
                 f"{r.consecutive_failures} consecutive failures: fix it, then "
                 f"`scheduler enable {r.name}`"
             )
-    if enabled and not seen:
-        warnings.append("no worker is running: start `scheduler worker`")
-    elif enabled and (last_tick is None or older(last_tick, limits.tick)):
+    # Any process that ticks counts (SPEC §13): a recent tick is all that matters here.
+    if enabled and (last_tick is None or older(last_tick, limits.tick)):
         since = f"since {iso(last_tick)}" if last_tick else "yet"
-        warnings.append(f"no scheduler tick {since}: are the workers stuck?")
+        if running:
+            warnings.append(f"no scheduler tick {since}: are the workers stuck?")
+        elif last_tick is None:
+            warnings.append("no worker is running: start `scheduler worker`")
+        else:
+            warnings.append(
+                f"no scheduler tick {since} and no worker is running: start `scheduler worker`"
+            )
 
     return {
-        "rows": [_row(r) for r in task_rows],
+        "rows": [_row(r, error_codes) for r in task_rows],
         "jobs": counts,
         "health": {
             "waiting": waiting,
@@ -252,7 +310,7 @@ def status(
                     "last_seen_at": iso(w.last_seen_at),
                     "last_tick_at": iso(w.last_tick_at),
                 }
-                for w in seen
+                for w in running
             ],
         },
     }

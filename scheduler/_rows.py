@@ -85,14 +85,14 @@ def _write(conn: Connection, name: str, now: datetime, **values: Any) -> None:
         .values(version=rows.c.version + 1, updated_at=now, **values)
     )
     if result.rowcount != 1:
-        raise UnknownRow(f"no scheduler row named {name!r} (run `scheduler sync`?)")
+        raise UnknownRow(f"no task named {name!r} (run `scheduler sync`?)")
 
 
 def enable(conn: Connection, name: str, now: datetime) -> bool:
     """Re-enable: reset the failure count and re-arm from now."""
     row = get_row(conn, name)
     if row is None:
-        raise UnknownRow(f"no scheduler row named {name!r} (run `scheduler sync`?)")
+        raise UnknownRow(f"no task named {name!r} (run `scheduler sync`?)")
     if row.enabled:
         return False  # already enabled: keep its count and its (perhaps held-back) slot
     _write(
@@ -116,9 +116,9 @@ def trigger(conn: Connection, name: str, now: datetime) -> None:
     """Make the row due now; the tick's gates still apply."""
     row = get_row(conn, name)
     if row is None:
-        raise UnknownRow(f"no scheduler row named {name!r} (run `scheduler sync`?)")
+        raise UnknownRow(f"no task named {name!r} (run `scheduler sync`?)")
     if not row.enabled:
-        raise SchedulerError(f"row {name!r} is disabled ({row.disabled_reason}): enable it first")
+        raise SchedulerError(f"task {name!r} is disabled ({row.disabled_reason}): enable it first")
     _write(conn, name, now, next_run_at=now)
 
 

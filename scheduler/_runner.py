@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from sqlalchemy import func, select
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from . import _jobs, signals
@@ -17,6 +18,7 @@ from ._errors import LeaseLost, PermanentError
 from ._handlers import Handler, Registry, error_code
 from ._jobs import ABORTED, QUEUED, SUCCEEDED, Job
 from ._store import Store
+from ._store.tables import runs
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +173,24 @@ class Runner:
         """Run one claimed job to an outcome and record it; returns the outcome."""
         return self.record([self.execute(job)])[0]
 
+    def _which_run(self, job: Job) -> str:
+        """``(handler)``, or for a task's job (rerun in place, attempts reset each run)
+        ``(handler, task NAME) run N,``: N from the run history, read on failures only."""
+        if job.task_name is None:
+            return f"({job.handler})"
+        first_attempts = (
+            select(func.count())
+            .select_from(runs)
+            .where(runs.c.job_id == job.id, runs.c.attempt == 1)
+        )
+        try:
+            with self.store.read() as conn:
+                earlier = int(conn.execute(first_attempts).scalar_one())
+        except Exception:  # a log line is not worth failing the job's outcome for
+            return f"({job.handler}, task {job.task_name})"
+        run = earlier + (1 if job.attempts <= 1 else 0)  # a retry: its attempt 1 is recorded
+        return f"({job.handler}, task {job.task_name}) run {run},"
+
     def execute(self, job: Job) -> Outcome:
         """Call the handler and decide what its attempt means; writes nothing."""
         handler = self.registry.get(job.handler)
@@ -197,9 +217,9 @@ class Runner:
         except Exception as exc:
             code = error_code(exc)
             log.warning(
-                "job %s (%s) attempt %s/%s raised %s: %s",
+                "job %s %s attempt %s/%s raised %s: %s",
                 job.id,
-                job.handler,
+                self._which_run(job),
                 job.attempts,
                 job.max_attempts,
                 code,

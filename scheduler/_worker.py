@@ -5,8 +5,8 @@ offset of its own (see :func:`tick_offset`); at least every second it takes over
 lease expired and claims ready ones, never more than it has free threads (``concurrency``; 0 =
 tick only). A heartbeat thread renews the leases of the running jobs every third of a lease.
 Every minute it purges old jobs and delivers ``row_disabled`` alerts a crash left undelivered.
-It keeps a row in ``scheduler_workers`` (``scheduler status`` reads it) and deletes it on exit;
-a ``--once`` run leaves its tick on record for ``status`` (``_health.record_one_shot_tick``).
+It keeps a row in ``scheduler_workers`` (``scheduler status`` reads it) and deletes it on exit,
+leaving its last tick on record for ``status`` (``_health.record_tick``).
 
 SIGTERM/SIGINT stop the claiming; running jobs get ``shutdown_grace_seconds`` to finish (a
 second signal cuts the grace short); jobs still running then are left to lease expiry and
@@ -62,10 +62,13 @@ BACKOFF_MIN, BACKOFF_MAX = 0.5, 30.0
 MAX_TICK_OFFSET = 0.05  # seconds: the spread of the workers' tick offsets (see tick_offset)
 
 
-def import_handlers(modules: Iterable[str]) -> None:
-    """Import the modules that register handlers; the current directory is importable."""
+def import_handlers(modules: Iterable[str], folder: str | None = None) -> None:
+    """Import the modules that register handlers; the current directory is importable, and
+    ``folder`` (the config file's, where a project keeps its handler modules) first."""
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
+    if folder is not None and os.path.abspath(folder) not in sys.path:
+        sys.path.insert(0, os.path.abspath(folder))
     for name in modules:
         try:
             importlib.import_module(name)
@@ -103,7 +106,7 @@ def _log(level: int, action: str, message: str, *args: Any, **fields: Any) -> No
 
 
 class WorkerResult(NamedTuple):
-    handled: int  # jobs this worker ran to an outcome
+    handled: int  # runs (job attempts) this worker took to an outcome
     left_running: int  # jobs still running when the shutdown grace ran out
 
 
@@ -150,20 +153,19 @@ class Worker:
             pool.shutdown(wait=not left, cancel_futures=True)
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-            if once:
-                self._record_one_shot_tick()
+            self._keep_tick_on_record()
             self._unregister()
             self._telemetry.close()
         return WorkerResult(self._handled, left)
 
-    def _record_one_shot_tick(self) -> None:
-        """A ``--once`` run's tick stays on record after it exits, as ``scheduler tick``'s
-        does (one entry per host, ``HOST:tick``): a worker run from cron(8) or a timer counts
-        for ``status``, which would otherwise warn that no worker is running."""
+    def _keep_tick_on_record(self) -> None:
+        """The worker's last tick stays on record after it stops (its own row goes), as
+        ``scheduler tick``'s does (one entry per host, ``HOST:tick``): ``status`` shows when
+        the schedule last ticked, and a ``--once`` run from cron(8) or a timer counts."""
         if self._ticked_at is None:
             return
         try:
-            _health.record_one_shot_tick(self.app.store, self.app.clock(), self._ticked_at)
+            _health.record_tick(self.app.store, self.app.clock(), self._ticked_at)
         except Exception as exc:
             self._log_error("recording the tick", exc, None)
 
@@ -207,7 +209,7 @@ class Worker:
 
     def _once(self, pool: ThreadPoolExecutor) -> None:
         self._tick()
-        while not self._stopping:
+        while not self._stopping and self.concurrency > 0:  # 0: tick only, run no jobs
             self._wake.clear()
             submitted = self._fill(pool)
             with self._lock:
@@ -221,7 +223,7 @@ class Worker:
 
     def _tick(self) -> None:
         began = time.monotonic()
-        report = self.app.tick()
+        report = self.app._tick()  # recorded by _touch, with the worker's presence
         self._telemetry.ticked(time.monotonic() - began, report)
         self._ticked_at = self.app.clock()
         for outcome, names in report.as_dict().items():
@@ -359,7 +361,7 @@ class Worker:
             _health.forget(self.app.store, self.app.worker_id)
         except Exception as exc:
             self._log_error("unregistering", exc, None)
-        stopped = f"worker {self.app.worker_id} stopped after {self._handled} job(s)"
+        stopped = f"worker {self.app.worker_id} stopped after {self._handled} run(s)"
         _log(logging.INFO, "worker_stopped", stopped)
 
     @staticmethod

@@ -1,5 +1,8 @@
 """The ``scheduler`` command: migrate, sync, tick, worker, status, enable, disable, trigger.
 
+Users read "task" everywhere (help, messages, logs); "row" is the table's word, kept for the
+names that are contract: the ``row_disabled`` signal and the ``rows`` key of ``status --json``.
+
 The configuration file comes from ``--config``, else ``SCHEDULER_CONFIG``, else ``app.toml`` in
 the current directory. Every error is one line on stderr (``error: ...``) and exit status 1
 (2 for a usage error); ``--debug`` adds the traceback. Logging is configured here and only here.
@@ -7,12 +10,13 @@ the current directory. Every error is one line on stderr (``error: ...``) and ex
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, NoReturn
 from zoneinfo import ZoneInfo
@@ -20,13 +24,14 @@ from zoneinfo import ZoneInfo
 import click
 from sqlalchemy.exc import SQLAlchemyError
 
-from . import __version__, _health, _migrate
+from . import __version__, _migrate
 from ._app import Scheduler
 from ._errors import ConfigError, SchedulerError
 
 CONFIG_ENV = "SCHEDULER_CONFIG"
 DEFAULT_CONFIG = "app.toml"
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+log = logging.getLogger("scheduler.cli")  # also when run as `python -m scheduler.cli`
 
 
 def describe(exc: BaseException) -> str:
@@ -69,8 +74,9 @@ def _setup_logging(level: str) -> None:
 class State:
     """The configuration path; the Scheduler is built when a command first needs it."""
 
-    def __init__(self, config: str | None) -> None:
+    def __init__(self, config: str | None, config_given: bool = False) -> None:
         self.config = config
+        self.config_given = config_given  # by --config (not the environment)
         self.app: Scheduler | None = None
 
     def open(self, check_schema: bool = True) -> Scheduler:
@@ -84,8 +90,23 @@ class State:
             self.app = Scheduler.from_toml(path)
             os.environ[CONFIG_ENV] = path  # handler modules may build their own app from it
         if check_schema:
-            self.app.check_schema()  # refuse an outdated schema: "run `scheduler migrate`"
+            try:
+                self.app.check_schema()  # refuse an outdated schema: "run `scheduler migrate`"
+            except SchedulerError as exc:
+                if not self.config_given:
+                    raise
+                # `scheduler migrate` alone would read ./app.toml: name the file in use.
+                again = f"`scheduler --config {self.config} migrate`"
+                raise type(exc)(str(exc).replace("`scheduler migrate`", again)) from None
         return self.app
+
+    def import_handlers(self) -> None:
+        """Import the [worker] imports, from the config file's folder or the current one."""
+        from ._worker import import_handlers
+
+        app = self.open()
+        folder = os.path.dirname(app.config_path) if app.config_path else None
+        import_handlers(app.worker_settings.imports, folder)
 
     def close(self) -> None:
         if self.app is not None:
@@ -118,7 +139,8 @@ pass_state = click.make_pass_decorator(State)
 def cli(ctx: click.Context, config: str | None, debug: bool, log_level: str) -> None:
     """Recurring tasks with rerun-in-place, on a durable SQL job queue."""
     _setup_logging("DEBUG" if debug else log_level.upper())
-    state = State(config)
+    given = ctx.get_parameter_source("config") == click.core.ParameterSource.COMMANDLINE
+    state = State(config, config_given=given)
     ctx.obj = state
     ctx.call_on_close(state.close)
 
@@ -141,6 +163,24 @@ def migrate(state: State, revision: str) -> None:
     click.echo(f"schema at revision {current or 'base'}{suffix}")
 
 
+def unknown_handlers(app: Scheduler, tasks: Iterable[tuple[str, str]]) -> list[str]:
+    """One line per (task, handler) whose handler no imported module registered."""
+    imports = app.worker_settings.imports
+    where = f"[worker] imports ({', '.join(imports)})" if imports else "[worker] imports (none)"
+    known = app.registry.names()
+    found = []
+    for name, handler in tasks:
+        if handler not in app.registry:
+            close = difflib.get_close_matches(handler, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            found.append(f"task {name!r}: handler {handler!r} is not registered by {where}{hint}")
+    return found
+
+
+def _enabled_rows(app: Scheduler) -> list[tuple[str, str]]:
+    return [(row.name, row.handler) for row in app.rows() if row.enabled]
+
+
 def _lines(names: dict[str, list[str]]) -> None:
     """``action: name, name`` per line, aligned; ``-`` for none."""
     width = max(len(key) for key in names) + 1
@@ -152,15 +192,25 @@ def _lines(names: dict[str, list[str]]) -> None:
 @click.option("--dry-run", is_flag=True, help="Show what would change; write nothing.")
 @pass_state
 def sync(state: State, dry_run: bool) -> None:
-    """Make the scheduler rows match the [[tasks]] of the file.
+    """Store the [[tasks]] of the file in the database.
 
-    Inserts new tasks, updates changed ones, disables rows no longer in the file; all or
-    nothing. Prints the plan.
+    Inserts new tasks, updates changed ones, disables tasks no longer in the file; all or
+    nothing. Prints the plan. Warns about tasks whose handler [worker] imports does not
+    register.
     """
-    plan = state.open().sync(dry_run=dry_run)
+    app = state.open()
+    try:
+        state.import_handlers()  # to check the handlers the tasks name
+    except ImportError as exc:
+        problems = [f"handlers not checked: {describe(exc)}"]
+    else:
+        problems = unknown_handlers(app, [(t.name, t.handler) for t in app.tasks if t.enabled])
+    plan = app.sync(dry_run=dry_run)
     if dry_run:
         click.echo("dry run: nothing written")
     _lines(plan.as_dict())
+    for problem in problems:
+        click.echo(f"warning: {problem}", err=True)
 
 
 @cli.command()
@@ -169,18 +219,16 @@ def sync(state: State, dry_run: bool) -> None:
 def tick(state: State, as_json: bool) -> None:
     """Run one scheduler tick.
 
-    Each due row is dispatched, rerun in place, held back or disabled; prints the row names
+    Each due task is dispatched, rerun in place, held back or disabled; prints the task names
     per outcome. Handler modules in [worker] imports are imported first, so the jobs the tick
     creates get their handlers' defaults. The tick is recorded as a worker's is (one entry
     per host, HOST:tick), so `status` sees ticks run from cron or a systemd timer.
     """
-    from ._worker import import_handlers
-
     app = state.open()
-    import_handlers(app.worker_settings.imports)  # the jobs it creates take their defaults
-    report = app.tick().as_dict()
-    ticked_at = app.clock()
-    _health.record_one_shot_tick(app.store, ticked_at, ticked_at)
+    state.import_handlers()  # the jobs it creates take their handlers' defaults
+    for problem in unknown_handlers(app, _enabled_rows(app)):
+        click.echo(f"warning: {problem}", err=True)
+    report = app.tick().as_dict()  # kept on record for `status`
     if as_json:
         click.echo(json.dumps(report))
         return
@@ -200,8 +248,14 @@ def tick(state: State, as_json: bool) -> None:
     metavar="N",
     help="Jobs run at once (0: tick only) [default: [worker] concurrency].",
 )
+@click.option(
+    "--allow-unknown-handlers",
+    is_flag=True,
+    help="Start even if an enabled task names a handler that no module in [worker] imports"
+    " registered (its jobs then abort with no_handler); logged as a warning.",
+)
 @pass_state
-def worker(state: State, once: bool, concurrency: int | None) -> None:
+def worker(state: State, once: bool, concurrency: int | None, allow_unknown_handlers: bool) -> None:
     """Run the worker: tick, claim and run jobs.
 
     Imports the [worker] imports modules, then ticks every tick_interval and runs ready jobs
@@ -209,10 +263,22 @@ def worker(state: State, once: bool, concurrency: int | None) -> None:
     lets the running jobs finish within shutdown_grace_seconds (a second signal: no wait),
     leaves any still running to lease expiry and takeover, and exits 0.
     """
-    from ._worker import Worker, import_handlers
+    from ._worker import Worker
 
     app = state.open()
-    import_handlers(app.worker_settings.imports)
+    state.import_handlers()
+    problems = unknown_handlers(app, _enabled_rows(app))
+    if problems and not allow_unknown_handlers:
+        for problem in problems:
+            click.echo(f"error: {problem}", err=True)
+        click.echo(
+            "error: the worker does not start with unknown handlers: fix the tasks or"
+            " [worker] imports, or pass --allow-unknown-handlers",
+            err=True,
+        )
+        sys.exit(1)
+    for problem in problems:
+        log.warning("%s", problem)
     result = Worker(app, concurrency=concurrency).run(once=once, install_signals=True)
     if result.left_running:
         # Their threads would keep the interpreter alive; their leases expire instead.
@@ -230,7 +296,7 @@ def _hard_exit(code: int) -> NoReturn:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @pass_state
 def status(state: State, as_json: bool) -> None:
-    """Show rows, job counts and health warnings."""
+    """Show tasks, job counts and health warnings."""
     data = state.open().status()
     if as_json:
         click.echo(json.dumps(data, indent=2))
@@ -258,7 +324,7 @@ def _print_status(data: dict[str, Any]) -> None:
     for line in table if data["rows"] else []:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
     if not data["rows"]:
-        click.echo("no scheduler rows (run `scheduler sync`)")
+        click.echo("no tasks (run `scheduler sync`)")
     click.echo("\njobs: " + ", ".join(f"{state} {n}" for state, n in data["jobs"].items()))
     h = data["health"]
     click.echo(
@@ -284,9 +350,9 @@ def _row_command(
 ENABLED = "enabled {row}: failures reset, next run computed from now"
 ALREADY = "{row} was already enabled: nothing changed"
 TRIGGERED = "triggered {row}: due now; the next tick dispatches it (same gates)"
-_row_command("enable", Scheduler.enable, ENABLED, "Re-enable row NAME, reset its failures.")
-_row_command("disable", Scheduler.disable, "disabled {row}", "Pause row NAME (until enable).")
-_row_command("trigger", Scheduler.trigger, TRIGGERED, "Make row NAME due now (same gates).")
+_row_command("enable", Scheduler.enable, ENABLED, "Re-enable task NAME, reset its failures.")
+_row_command("disable", Scheduler.disable, "disabled {row}", "Pause task NAME (until enable).")
+_row_command("trigger", Scheduler.trigger, TRIGGERED, "Make task NAME due now (same gates).")
 
 
 @cli.command()

@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, select
 
 import scheduler
 from scheduler import Scheduler
 from scheduler._handlers import Registry
 from scheduler._migrate import head_revision
+from scheduler._store.tables import workers
 
 COMMAND = [sys.executable, "-m", "scheduler.cli"]
 
@@ -174,8 +175,21 @@ def test_migrate_sync_tick_worker_status(db_url_sp: str, tmp_path: Path) -> None
         "warnings": [],  # the one-shot ticks were recorded a moment ago
     }
     # The --once worker said goodbye (its row is gone); the one-shot ticks' row stays.
-    assert [w["id"] for w in health["workers"]] == [f"{socket.gethostname()}:tick"]
+    assert health["workers"] == []  # the host's tick record is not a running worker
     reader.close()
+
+
+def tick_records(db: Path) -> list[Any]:
+    engine = create_engine(f"sqlite:///{db}")
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(select(workers)))
+    finally:
+        engine.dispose()
+
+
+def iso(value: datetime) -> str:
+    return value.replace(tzinfo=UTC).isoformat().replace("+00:00", "Z")
 
 
 def test_one_shot_tick_is_recorded_for_status(tmp_path: Path, sqlite_template: Path) -> None:
@@ -207,21 +221,19 @@ def test_one_shot_tick_is_recorded_for_status(tmp_path: Path, sqlite_template: P
     }
     first = datetime.fromisoformat(health["last_tick_at"])
     assert started <= first <= ended
-    [worker] = health["workers"]
-    assert list(worker) == ["id", "hostname", "pid", "started_at", "last_seen_at", "last_tick_at"]
-    assert worker["id"] == f"{socket.gethostname()}:tick"
-    assert worker["last_seen_at"] == worker["last_tick_at"] == health["last_tick_at"]
+    assert health["workers"] == []  # the tick's process exited: no worker is running
+    [record] = tick_records(db)
+    assert record.id == f"{socket.gethostname()}:tick"
+    assert iso(record.last_tick_at) == health["last_tick_at"]
     status_text = ok(run_cli(tmp_path, "status"))
-    assert f"last tick {health['last_tick_at']}, 1 worker(s)" in status_text
+    assert f"last tick {health['last_tick_at']}, 0 worker(s)" in status_text
     assert "warning:" not in status_text
 
     # The next run updates that row: one row per host, however often cron runs the tick.
     started, data, ended = tick()
-    [again] = data["health"]["workers"]
-    assert again["id"] == worker["id"] and again["started_at"] == worker["started_at"]
-    assert (
-        first < datetime.fromisoformat(again["last_tick_at"]) and data["health"]["warnings"] == []
-    )
+    [again] = tick_records(db)
+    assert again.id == record.id and again.started_at == record.started_at
+    assert first < again.last_tick_at and data["health"]["warnings"] == []
     assert started <= datetime.fromisoformat(data["health"]["last_tick_at"]) <= ended
 
 
@@ -263,6 +275,7 @@ COMMANDS = [["sync"], ["tick"], ["status", "--json"], ["enable", "x"], ["trigger
 
 def test_outdated_schema_is_refused_until_migrate(tmp_path: Path) -> None:
     db = tmp_path / "fresh.db"
+    db.touch()  # an empty database (a missing file: tests/test_first_run.py)
     write_config(tmp_path, f"sqlite:///{db}", tasks=TASK)
     for command, result in zip(COMMANDS, run_all(tmp_path, *COMMANDS), strict=True):
         assert "run `scheduler migrate`" in one_error_line(result), command
@@ -315,7 +328,7 @@ CREDENTIAL = TASK.replace("[[tasks]]", "[[tasks]]\npayload = { api_token = 's3cr
             "key 'handlr': unknown key (did you mean 'handler'?)",
         ),
         (["sync"], TASK + "[worker]\n", "", "invalid TOML"),
-        (["enable", "nope"], TASK, "", "no scheduler row named 'nope'"),
+        (["enable", "nope"], TASK, "", "no task named 'nope'"),
         (
             ["worker", "--once"],
             TASK,
@@ -364,7 +377,9 @@ def test_debug_shows_the_traceback_and_usage_errors_exit_2(tmp_path: Path) -> No
     result = run_cli(tmp_path, "--debug", "status")
     assert result.returncode == 1
     assert "Traceback" in result.stderr and "SchemaOutdated" in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("error: database schema is at")
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: database {tmp_path / 'fresh.db'} ([database] url in ")
+    assert "does not exist: create it with `scheduler migrate`" in last
 
     usage, negative = run_all(tmp_path, ["frobnicate"], ["worker", "--concurrency", "-1"])
     assert usage.returncode == 2 and "No such command 'frobnicate'" in usage.stderr

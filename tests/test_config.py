@@ -45,7 +45,7 @@ def config_error(path: str) -> str:
 def test_example_file_parses() -> None:
     config = load_config(EXAMPLE)
     assert config.path == str(EXAMPLE)
-    assert config.database_url == "sqlite:///scheduler.db"
+    assert config.database_url == f"sqlite:///{EXAMPLE.parent / 'scheduler.db'}"  # its folder's
     assert config.scheduler == SchedulerSettings(max_consecutive_failures=5, tick_interval=1.0)
     assert config.worker == WorkerSettings(imports=("scheduler.examples.jobs",), concurrency=2)
     assert [t.name for t in config.tasks] == ["heartbeat", "flaky-sync", "nightly-report"]
@@ -72,14 +72,18 @@ def test_example_commented_out_keys_show_the_defaults(tmp_path: Path) -> None:
     text = EXAMPLE.read_text(encoding="utf-8")
     uncommented = re.sub(r"(?m)^# ([a-z_]+ = )", r"\1", text)
     assert uncommented.count("\n") == text.count("\n") and uncommented != text
-    assert load_config(write(tmp_path, uncommented)) == dataclasses.replace(
-        load_config(EXAMPLE), path=str(tmp_path / "app.toml")
+    path = write(tmp_path, uncommented)
+    assert load_config(path) == dataclasses.replace(
+        load_config(EXAMPLE),
+        path=path,
+        database_url=f"sqlite:///{tmp_path / 'scheduler.db'}",
+        database_source=f"[database] url in {path}",
     )
 
 
 def test_defaults(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, TASK))
-    assert config.database_url == "sqlite:///scheduler.db"
+    assert config.database_url == f"sqlite:///{tmp_path / 'scheduler.db'}"  # the file's folder
     assert config.scheduler == SchedulerSettings()
     assert config.worker == WorkerSettings()
     assert WorkerSettings().queues == ("default",) and WorkerSettings().imports == ()
@@ -110,11 +114,11 @@ def test_empty_file_and_no_tasks(tmp_path: Path) -> None:
 
 def test_env_overrides_database_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write(tmp_path, '[database]\nurl = "sqlite:///from-file.db"\n')
-    assert load_config(path).database_url == "sqlite:///from-file.db"
+    assert load_config(path).database_url == f"sqlite:///{tmp_path / 'from-file.db'}"
     monkeypatch.setenv("SCHEDULER_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1/test")
     assert load_config(path).database_url == "postgresql+psycopg://postgres@127.0.0.1/test"
     monkeypatch.setenv("SCHEDULER_DATABASE_URL", "")
-    assert load_config(path).database_url == "sqlite:///from-file.db"
+    assert load_config(path).database_url == f"sqlite:///{tmp_path / 'from-file.db'}"
 
 
 def test_parse_config_from_a_mapping() -> None:

@@ -172,9 +172,9 @@ def test_rows_overdue_held_back_and_disabled(sched: Scheduler, clock: Clock) -> 
     assert health["rows_overdue"] == ["busy", "late"]  # a concurrent row is never held back
     assert health["rows_disabled"] == ["off", "paused"]
     text = "\n".join(health["warnings"])
-    assert "held back for more than 3600s by a job still in flight: held" in text
-    assert "overdue by more than 300s (is a scheduler ticking?): busy, late" in text
-    assert "row 'off' disabled (max_consecutive_failures) after 3 consecutive failures" in text
+    assert "task(s) held back for more than 3600s by a job still in flight: held" in text
+    assert "task(s) overdue by more than 300s (is a scheduler ticking?): busy, late" in text
+    assert "task 'off' disabled (max_consecutive_failures) after 3 consecutive failures" in text
     assert "`scheduler enable off`" in text
     assert "paused" not in text  # a chosen pause is reported, not warned about
     assert "no worker is running" in text

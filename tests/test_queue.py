@@ -936,7 +936,9 @@ _COMMON = {
     "complete (success)": (2, 1),  # guarded UPDATE, history INSERT
     "fail (retry later)": (2, 1),
     "work(), nothing ready": (2, 2),  # expired-lease SELECT, claim
-    "tick, idle": (1, 1),  # due-row SELECT
+    "tick, idle, first of the process": (3, 2),  # due-row SELECT; record: UPDATE, INSERT
+    "tick, idle": (1, 1),  # due-row SELECT (the record waits TICK_RECORD_SECONDS)
+    "tick, idle, 5 s later": (2, 2),  # due-row SELECT; the record's UPDATE
     "tick, one row dispatched": (3, 2),  # due-row SELECT; INSERT job + row compare-and-swap
     "work(), one job": (6, 5),
 }

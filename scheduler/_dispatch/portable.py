@@ -175,7 +175,7 @@ def _disable(conn: Connection, row: DueRow, decision: Decision, work: Work) -> D
     )
     code = cause(conn, row.last_job_id, row.job_error)
     log.warning(
-        "row %s disabled after %s consecutive failures (last error %s)",
+        "task %s disabled after %s consecutive failures (last error %s)",
         row.name,
         decision.failures,
         code,

@@ -124,7 +124,7 @@ def _settle(conn: Connection, rows: list[DueRow], carried: Carried, report: Tick
         lost += outcome is Outcome.LOST_RACE
         report.add(outcome, row.name)
         log.debug(
-            "tick: row %s %s",
+            "tick: task %s %s",
             row.name,
             outcome,
             extra={"action": f"row_{outcome}", "row": row.name},

@@ -1,0 +1,171 @@
+"""The DST rule (SPEC §2) against an independent brute force, in every zone whose clock shifts
+by something other than one hour (issue 11: Australia/Lord_Howe's 30 minutes, Antarctica/Troll's
+two hours).
+
+The transitions are found by scanning every zone zoneinfo ships, a week at a time (no zone
+shifts twice within a week), over the years ``YEARS`` (three recent years: every such zone's
+shifts there, both directions). For each
+transition the expected fire times come from walking the clock one minute at a time, never from
+croniter:
+
+- wildcard or step hour (real time): every real minute whose local wall clock matches the
+  minute and hour fields fires; a repeated wall-clock time fires twice, one inside a gap never;
+- fixed hour: every wall-clock minute of each local date that matches fires once, at its first
+  occurrence; one that does not exist (a gap) fires at the first instant after the jump.
+"""
+
+from __future__ import annotations
+
+import zoneinfo
+from datetime import UTC, datetime, timedelta
+from functools import cache
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from scheduler._cron import next_after
+
+YEARS = (2024, 2025, 2026)
+MINUTE = timedelta(minutes=1)
+HOUR = timedelta(hours=1)
+
+
+@cache
+def odd_transitions() -> tuple[tuple[str, datetime, timedelta], ...]:
+    """(zone, first UTC instant of the new offset, shift) for every shift that is not 1 h."""
+    start = datetime(YEARS[0], 1, 1, tzinfo=UTC)
+    end = datetime(YEARS[-1] + 1, 1, 1, tzinfo=UTC)
+    found = []
+    for name in sorted(zoneinfo.available_timezones()):
+        zone = ZoneInfo(name)
+
+        def offset(t: datetime, zone: ZoneInfo = zone) -> timedelta:
+            value = t.astimezone(zone).utcoffset()
+            assert value is not None
+            return value
+
+        t, before = start, offset(start)
+        while t < end:
+            step = t + timedelta(days=7)
+            after = offset(step)
+            if after != before:
+                lo, hi = t, step  # offset(lo) == before, offset(hi) == after
+                while hi - lo > timedelta(seconds=1):
+                    mid = lo + (hi - lo) / 2
+                    lo, hi = (mid, hi) if offset(mid) == before else (lo, mid)
+                if abs(after - before) != HOUR:
+                    found.append((name, hi.replace(microsecond=0), after - before))
+            t, before = step, after
+    return tuple(found)
+
+
+def test_the_scan_finds_the_zones_of_the_issue() -> None:
+    zones = {name for name, _, _ in odd_transitions()}
+    assert {"Australia/Lord_Howe", "Antarctica/Troll"} <= zones
+    for name in zones:  # both directions in each year
+        shifts = [d for n, _, d in odd_transitions() if n == name]
+        assert any(d > timedelta(0) for d in shifts) and any(d < timedelta(0) for d in shifts)
+
+
+def _field(text: str, low: int, high: int) -> set[int]:
+    """The values of one minute or hour field: ``*``, ``*/n``, ``a,b``, ``n``."""
+    if text == "*":
+        return set(range(low, high + 1))
+    if text.startswith("*/"):
+        return set(range(low, high + 1, int(text[2:])))
+    return {int(part) for part in text.split(",")}
+
+
+def brute_force(expr: str, tz: str, start: datetime, end: datetime) -> list[datetime]:
+    """Fire instants in (start, end], walked minute by minute (see the module docstring)."""
+    zone = ZoneInfo(tz)
+    minute_field, hour_field = expr.split()[:2]
+    minutes, hours = _field(minute_field, 0, 59), _field(hour_field, 0, 23)
+    real_time = "*" in hour_field
+    instants = [start + MINUTE * i for i in range(1, (end - start) // MINUTE + 1)]
+    walls = [t.astimezone(zone).replace(tzinfo=None) for t in instants]
+    if real_time:
+        return [
+            t
+            for t, w in zip(instants, walls, strict=True)
+            if (w.minute in minutes and w.hour in hours)
+        ]
+    fired: set[datetime] = set()
+    first_day = (start - timedelta(days=2)).astimezone(zone).date()
+    for day in range(5 + (end - start).days):
+        date = first_day + timedelta(days=day)
+        for hour in sorted(hours):
+            for minute in sorted(minutes):
+                wall = datetime(date.year, date.month, date.day, hour, minute)
+                # First occurrence of that wall-clock time; if it never occurs (a gap), the
+                # first instant whose wall clock is past it.
+                at = next((t for t, w in zip(instants, walls, strict=True) if w == wall), None)
+                if at is None and walls[0] < wall <= walls[-1]:  # inside the window: a gap
+                    at = next(t for t, w in zip(instants, walls, strict=True) if w > wall)
+                if at is not None:
+                    fired.add(at)
+    return sorted(fired)
+
+
+def scheduled(expr: str, tz: str, start: datetime, end: datetime) -> list[datetime]:
+    fired, t = [], start
+    while (t := next_after(expr, tz, t, "dst")) <= end:
+        fired.append(t)
+    return fired
+
+
+def expressions(tz: str, at: datetime, shift: timedelta) -> list[str]:
+    zone = ZoneInfo(tz)
+    before = (at - MINUTE).astimezone(zone)
+    after = at.astimezone(zone)
+    hours = sorted({before.hour, after.hour, (before.hour + 1) % 24, (after.hour - 1) % 24})
+    fixed = [f"*/10 {h} * * *" for h in hours] + [
+        f"30 {before.hour},{after.hour} * * *",
+        f"0 {after.hour} * * *",
+        f"{before.minute} {before.hour} * * *",
+        f"15,45 {','.join(map(str, hours))} * * *",
+    ]
+    real = ["*/20 * * * *", "*/10 * * * *", "30 * * * *", "0 * * * *", "*/15 */2 * * *"]
+    return real + fixed
+
+
+# The same brute force holds for ordinary one-hour shifts: a control on two common zones.
+ONE_HOUR = [
+    ("Europe/Berlin", datetime(2026, 3, 29, 1, tzinfo=UTC), HOUR),
+    ("Europe/Berlin", datetime(2026, 10, 25, 1, tzinfo=UTC), -HOUR),
+    ("America/New_York", datetime(2026, 3, 8, 7, tzinfo=UTC), HOUR),
+    ("America/New_York", datetime(2026, 11, 1, 6, tzinfo=UTC), -HOUR),
+]
+CASES = [
+    pytest.param(
+        tz, at, shift, id=f"{tz}-{at:%Y-%m-%d}-{'fwd' if shift > timedelta(0) else 'back'}"
+    )
+    for tz, at, shift in (*odd_transitions(), *ONE_HOUR)
+]
+
+
+@pytest.mark.parametrize(("tz", "at", "shift"), CASES)
+def test_every_odd_shift_matches_the_brute_force(tz: str, at: datetime, shift: timedelta) -> None:
+    # (start, end]: from 3 hours before the shift to 3 hours after it, plus the shift itself.
+    start = at - 3 * HOUR
+    end = at + abs(shift) + 3 * HOUR
+    wrong = {}
+    for expr in expressions(tz, at, shift):
+        want, got = brute_force(expr, tz, start, end), scheduled(expr, tz, start, end)
+        if want != got:
+            wrong[expr] = {
+                "missing": [f"{t.astimezone(ZoneInfo(tz)):%H:%M%z}" for t in want if t not in got],
+                "extra": [f"{t.astimezone(ZoneInfo(tz)):%H:%M%z}" for t in got if t not in want],
+            }
+    assert wrong == {}
+
+
+def test_lord_howe_fall_back_fires_the_repeated_0140() -> None:
+    """The issue's case: clocks go back from 02:00 (+11) to 01:30 (+10:30)."""
+    tz = "Australia/Lord_Howe"
+    after = datetime(2026, 4, 4, 14, 35, tzinfo=UTC)  # 01:35 +11
+    local = [
+        f"{t.astimezone(ZoneInfo(tz)):%H:%M%z}"
+        for t in scheduled("*/20 * * * *", tz, after, after + 2 * HOUR)
+    ]
+    assert local[:4] == ["01:40+1100", "01:40+1030", "02:00+1030", "02:20+1030"]
