@@ -13,7 +13,7 @@ venv="$here/.venv"
 "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet \
-    -e "$root[postgres,metrics]" \
+    -e "$root[postgres,mysql,metrics]" \
     "procrastinate>=3,<4" \
     "apscheduler>=3.11,<4" \
     "psycopg[binary,pool]>=3.2" \
@@ -22,6 +22,6 @@ venv="$here/.venv"
 "$venv/bin/python" - <<'PY'
 from importlib.metadata import version
 
-names = ("scheduler", "procrastinate", "apscheduler", "sqlalchemy", "psycopg")
+names = ("scheduler", "procrastinate", "apscheduler", "sqlalchemy", "psycopg", "pymysql")
 print("benchmarks/.venv ready:", ", ".join(f"{n} {version(n)}" for n in names))
 PY

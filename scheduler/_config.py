@@ -8,8 +8,8 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 import tomllib
-import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -283,12 +283,16 @@ def _dashboard_settings(data: Any, path: str) -> DashboardSettings:
     )
 
 
+# Unicode category Cc: exactly C0, DEL and C1 (one regex search, not a lookup per character).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 def _task_name(t: _Table, key: str = "name") -> str:
     """A name stored in a 200-character column: the task's name, or its handler's."""
     name = t.text(key)
     if len(name) > MAX_NAME_LENGTH:
         raise t.error(key, f"longer than {MAX_NAME_LENGTH} characters")
-    if name != name.strip() or any(unicodedata.category(ch) == "Cc" for ch in name):
+    if name != name.strip() or _CONTROL.search(name):
         raise t.error(key, "must not have leading or trailing whitespace or control characters")
     return name
 

@@ -17,9 +17,9 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
-from croniter.croniter import MARKER
+from croniter.croniter import MARKER, HashExpander
 
-__all__ = ["has_fixed_hour", "next_after", "validate_cron", "validate_timezone"]
+__all__ = ["has_fixed_hour", "hash_free", "next_after", "validate_cron", "validate_timezone"]
 
 NICKNAMES = frozenset(
     {"@hourly", "@daily", "@midnight", "@weekly", "@monthly", "@yearly", "@annually"}
@@ -70,8 +70,60 @@ def _check_syntax(expr: str) -> str | None:
     return None
 
 
-def validate_cron(expr: str, name: str) -> None:
-    """Raise ValueError if `expr` is not a cron expression this scheduler can run."""
+_EXPANDER = HashExpander(croniter)  # type: ignore[arg-type]  # the stub wants an instance
+_FIELD = re.compile(r"\S+", re.ASCII)  # how croniter splits an expression into fields
+
+
+@functools.lru_cache(maxsize=4096)
+def _hashed_fields(expr: str) -> tuple[tuple[int, str, re.Match[str]], ...]:
+    """The fields of `expr` that croniter hashes: index, lower-cased field, and its match."""
+    if _hash_id(expr, "") is None:
+        return ()
+    fields = _FIELD.findall(expr.lower())
+    found = ((i, f, _EXPANDER.match(None, i, f)) for i, f in enumerate(fields))
+    return tuple((i, f, m) for i, f, m in found if m is not None)
+
+
+def hash_free(expr: str, name: str) -> str:
+    """`expr` with each H field replaced by what croniter draws for `name` (``H * * * *`` for
+    "a" is ``27 * * * *``): two tasks whose forms are equal run on the same schedule, so a
+    check or a next slot computed for one holds for the other. `expr` itself without H fields.
+
+    The fields go through croniter's own ``HashExpander``, as ``croniter(expr, hash_id=...)``
+    does; tests/test_cron_hash.py pins that the two expand alike.
+    """
+    hashed = _hashed_fields(expr)
+    if not hashed:
+        return expr
+    fields = _FIELD.findall(expr.lower())
+    hash_id = name.encode()
+    for i, field, match in hashed:
+        fields[i] = _EXPANDER.expand(None, i, field, hash_id=hash_id, match=match)
+    return " ".join(fields)
+
+
+@functools.lru_cache(maxsize=65536)
+def _is_valid(expr: str, free: str) -> bool:
+    """Whether `expr`, drawn as `free`, passes :func:`validate_cron` (checked once per form)."""
+    if _check_syntax(expr) is not None:
+        return False
+    try:
+        croniter.expand(free, strict=True)
+        croniter(free, datetime.now(UTC)).get_next(datetime)
+    except CroniterError:
+        return False
+    return True
+
+
+def validate_cron(expr: str, name: str) -> str:
+    """Raise ValueError if `expr` is not a cron expression this scheduler can run; return its
+    :func:`hash_free` form for `name`."""
+    try:
+        free = hash_free(expr, name)
+        if _is_valid(expr, free):
+            return free  # each distinct expression (each H draw) is checked once
+    except CroniterError:
+        pass  # a bad H field: the full check below says why
     reason = _check_syntax(expr)
     if reason is None:
         hash_id = _hash_id(expr, name)
@@ -82,6 +134,7 @@ def validate_cron(expr: str, name: str) -> None:
             reason = str(exc) or type(exc).__name__
     if reason is not None:
         raise ValueError(f"invalid cron expression {expr!r}: {reason}")
+    return hash_free(expr, name)  # not reached while _is_valid agrees with the check above
 
 
 def has_fixed_hour(expr: str) -> bool:

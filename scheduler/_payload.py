@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -19,9 +20,23 @@ _CREDENTIAL = re.compile(
 )
 
 
+@functools.lru_cache(maxsize=4096)  # payloads of many tasks (or jobs) share their keys
 def is_credential_key(key: str) -> bool:
     """Whether ``key`` looks like it names a credential."""
     return _CREDENTIAL.search(re.sub(r"[\s_\-.]", "", key).lower()) is not None
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, allow_nan=False)
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _flat_and_clean(payload: Mapping[Any, Any]) -> bool:
+    """True for the common payload (one level of string keys, none credential-like, scalar
+    values): no walk can find anything in it."""
+    return all(
+        type(key) is str and type(value) in _SCALARS and not is_credential_key(key)
+        for key, value in payload.items()
+    )
 
 
 def _first_key(value: Any, wanted: Callable[[Any], bool], path: str = "") -> str | None:
@@ -44,11 +59,15 @@ def _first_key(value: Any, wanted: Callable[[Any], bool], path: str = "") -> str
 
 def find_credential_key(value: Any, path: str = "") -> str | None:
     """Return the dotted path of the first credential-like key in ``value``, or None."""
+    if isinstance(value, Mapping) and _flat_and_clean(value):
+        return None
     return _first_key(value, lambda key: is_credential_key(str(key)), path)
 
 
 def find_non_string_key(value: Any, path: str = "") -> str | None:
     """Return the path of the first key that is not a string (JSON would change it), or None."""
+    if isinstance(value, Mapping) and _flat_and_clean(value):
+        return None
     return _first_key(value, lambda key: not isinstance(key, str), path)
 
 
@@ -63,11 +82,14 @@ def encode_payload(payload: Any, limit: int = DEFAULT_PAYLOAD_LIMIT) -> str:
         payload = {}
     if not isinstance(payload, Mapping):
         raise PayloadError(f"payload must be a JSON object (a dict), not {type(payload).__name__}")
-    try:
-        found = find_credential_key(payload)
-        odd_key = find_non_string_key(payload)
-    except RecursionError:
-        raise PayloadError("payload is nested too deeply") from None
+    if _flat_and_clean(payload):
+        found = odd_key = None  # what the two walks below find for such a payload
+    else:
+        try:
+            found = find_credential_key(payload)
+            odd_key = find_non_string_key(payload)
+        except RecursionError:
+            raise PayloadError("payload is nested too deeply") from None
     if found:
         raise PayloadError(
             f"payload key {found!r} looks like a credential; pass a reference"
@@ -76,7 +98,7 @@ def encode_payload(payload: Any, limit: int = DEFAULT_PAYLOAD_LIMIT) -> str:
     if odd_key:
         raise PayloadError(f"payload key {odd_key!r} is not a string (JSON keys are strings)")
     try:
-        text = json.dumps(payload, separators=(",", ":"), sort_keys=True, allow_nan=False)
+        text = _ENCODER.encode(payload)
     except RecursionError:
         raise PayloadError("payload is nested too deeply") from None
     except (TypeError, ValueError) as exc:

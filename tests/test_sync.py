@@ -13,18 +13,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, insert, select
 
 from scheduler import (
     ConfigError,
     PermanentError,
     Scheduler,
     TaskSpec,
+    _cron,
     load_config,
     signals,
 )
 from scheduler._handlers import Registry
-from scheduler._store.tables import metadata
+from scheduler._store.tables import metadata, rows
 from scheduler.testing import ManualClock, capture_signals, drive
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -364,3 +365,182 @@ def test_from_toml_syncs_the_file_and_applies_its_settings(files: Files) -> None
         assert result.times("fine") == [T0 + timedelta(minutes=m) for m in (10, 20, 30, 40)]
     finally:
         app.close()
+
+
+# -- at scale: one read, one statement per kind of write, all or nothing ---------------------
+def specs(n: int, *, start: int = 0, cron: str = "H H * * *") -> list[TaskSpec]:
+    return [
+        TaskSpec(f"c-{i:06d}", cron, "ok", {"customer": i}, ("UTC", "Europe/Berlin")[i % 2])
+        for i in range(start, start + n)
+    ]
+
+
+class Statements:
+    """The SQL an engine runs while the block runs (``before_cursor_execute``)."""
+
+    def __init__(self, app: Scheduler) -> None:
+        self.engine = app.store.engine
+        self.seen: list[str] = []
+
+    def _record(self, _conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        self.seen.append(" ".join(statement.split())[:60])
+
+    def __enter__(self) -> Statements:
+        event.listen(self.engine, "before_cursor_execute", self._record)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        event.remove(self.engine, "before_cursor_execute", self._record)
+
+
+def test_resync_of_unchanged_tasks_reads_once_and_writes_nothing(sched: Scheduler) -> None:
+    tasks = [
+        *specs(300),
+        TaskSpec("hourly", "H * * * *", "ok", {"n": {"deep": [1, 2]}}, "America/New_York"),
+        TaskSpec("paused", "0 3 * * *", "ok", {}, "UTC", enabled=False),
+    ]
+    sched.sync([*tasks, TaskSpec("gone", "0 4 * * *", "ok", {}, "UTC")])
+    sched.sync(tasks)  # "gone" is disabled: removed_from_config
+    sched.check_schema()
+    state = snapshot(sched)
+    with Statements(sched) as sql:
+        plan = sched.sync(tasks)
+    assert plan.unchanged == [t.name for t in tasks] + ["gone"]
+    assert not (plan.insert or plan.update or plan.disable)
+    assert len(sql.seen) == 1 and sql.seen[0].startswith("SELECT"), sql.seen
+    assert snapshot(sched) == state
+
+
+def test_a_first_sync_is_one_read_and_one_insert(sched: Scheduler) -> None:
+    sched.check_schema()
+    with Statements(sched) as sql:
+        assert len(sched.sync(specs(2000)).insert) == 2000
+    assert [s.split()[0] for s in sql.seen] == ["SELECT", "INSERT"], sql.seen
+    assert len(sched.rows()) == 2000
+
+
+def test_each_row_gets_its_own_next_run_at(sched: Scheduler) -> None:
+    """Tasks share a computed slot only when their H draws are equal: each row's next_run_at
+    is what next_after gives for its own name."""
+    tasks = (
+        specs(150)
+        + specs(150, start=150, cron="H * * * *")
+        + specs(50, start=300, cron="H/20 H(2-4) * * *")
+    )
+    tasks.append(TaskSpec("berlin-3am", "0 3 * * *", "ok", {}, "Europe/Berlin"))
+    sched.sync(tasks)
+    stored = {r.name: r.next_run_at for r in sched.rows()}
+    assert stored == {t.name: _cron.next_after(t.cron, t.timezone, T0, t.name) for t in tasks}
+    assert len(set(stored.values())) > 100  # the draws spread them
+
+
+def test_bulk_insert_stores_what_core_stores(sched: Scheduler) -> None:
+    """The bulk insert converts values through each column's own bind processing: every
+    column, as the database holds it, equals a row written by a plain Core INSERT."""
+    task = TaskSpec("t", "H H * * *", "ok", {"b": 1, "a": "é"}, "Europe/Berlin", enabled=False)
+    sched.sync([task, TaskSpec("on", "*/5 * * * *", "ok", {}, "UTC", True, 0)])
+    row_t = row(sched, "t")
+    columns = [c for c in rows.columns if c.name not in ("id", "name")]
+    with sched.store.begin() as conn:
+        values = {c.name: getattr(row_t, c.name) for c in columns if hasattr(row_t, c.name)}
+        values["payload"] = '{"a":"\\u00e9","b":1}'
+        conn.execute(insert(rows).values(name="core", created_at=T0, updated_at=T0, **values))
+    with sched.store.read() as conn:
+        quoted = ", ".join(c.name for c in columns)
+        stored = {
+            name: tuple(found)
+            for name, *found in conn.exec_driver_sql(f"SELECT name, {quoted} FROM scheduler_rows")
+        }
+    assert stored["t"] == stored["core"]
+    assert stored["on"] != stored["core"]
+
+
+def test_a_big_list_refused_at_its_last_task_changes_nothing(sched: Scheduler) -> None:
+    sched.sync([*specs(10, start=19_990), TaskSpec("old", "0 4 * * *", "ok", {}, "UTC")])
+    state = snapshot(sched)
+    tasks = specs(20_000)  # 19,990 new, 10 unchanged, "old" would be disabled
+    tasks[-2] = TaskSpec("c-019998", "0 3 * * *", "ok", {}, "UTC")  # an update
+    tasks[-1] = TaskSpec("c-019999", "0 25 * * *", "ok", {}, "UTC")
+    with pytest.raises(ConfigError, match=r"^task 'c-019999': key 'cron': invalid cron"):
+        sched.sync(tasks)
+    assert snapshot(sched) == state
+
+
+def test_a_failure_in_the_last_write_rolls_back_the_whole_sync(sched: Scheduler) -> None:
+    """The bulk insert has run when the disable fails: the transaction takes it back."""
+    sched.sync([*specs(3), TaskSpec("old", "0 4 * * *", "ok", {}, "UTC")])
+    state = snapshot(sched)
+    tasks = specs(5_000)
+    tasks[1] = TaskSpec("c-000001", "0 3 * * *", "ok", {}, "UTC")  # an update
+
+    def refuse_the_disable(_c: Any, _cur: Any, statement: str, params: Any, *_rest: Any) -> None:
+        if statement.lstrip().upper().startswith("UPDATE") and "removed_from_config" in str(params):
+            raise RuntimeError("the disk is full")
+
+    event.listen(sched.store.engine, "before_cursor_execute", refuse_the_disable)
+    try:
+        with pytest.raises(RuntimeError, match="the disk is full"):
+            sched.sync(tasks)
+    finally:
+        event.remove(sched.store.engine, "before_cursor_execute", refuse_the_disable)
+    assert snapshot(sched) == state
+    plan = sched.sync(tasks)
+    assert (len(plan.insert), plan.update, plan.disable) == (4_997, ["c-000001"], ["old"])
+    assert len(sched.rows()) == 5_001
+
+
+def test_many_changed_rows_are_updated_by_kind_of_change(sched: Scheduler) -> None:
+    sched.sync(specs(400))
+    at(sched, T0 + timedelta(minutes=7))
+    before = {r.name: r for r in sched.rows()}
+    changed = specs(400)
+    for i in range(0, 400, 4):  # a new payload: the schedule stays
+        changed[i] = TaskSpec(changed[i].name, "H H * * *", "ok", {"v": 2}, changed[i].timezone)
+    for i in range(1, 400, 4):  # a new cron: next_run_at recomputed from now
+        changed[i] = TaskSpec(
+            changed[i].name, "*/10 * * * *", "ok", {"customer": i}, changed[i].timezone
+        )
+    for i in range(2, 400, 4):  # disabled in the file
+        changed[i] = TaskSpec(
+            changed[i].name, "H H * * *", "ok", {"customer": i}, changed[i].timezone, enabled=False
+        )
+    with Statements(sched) as sql:
+        plan = sched.sync(changed)
+    assert len(plan.update) == 300 and len(plan.unchanged) == 100
+    assert [s.split()[0] for s in sql.seen] == ["SELECT", "UPDATE", "UPDATE", "UPDATE"]
+    after = {r.name: r for r in sched.rows()}
+    for i, t in enumerate(changed):
+        old, new = before[t.name], after[t.name]
+        if i % 4 == 3:
+            assert new == old
+            continue
+        assert new.version == old.version + 1
+        if i % 4 == 0:
+            assert (new.payload, new.next_run_at) == ({"v": 2}, old.next_run_at)
+        elif i % 4 == 1:
+            assert new.next_run_at == T0 + timedelta(minutes=10)
+        else:
+            assert (new.enabled, new.disabled_reason) == (False, "disabled_in_config")
+
+
+@pytest.mark.parametrize(
+    ("spec", "key", "fragment"),
+    [
+        (TaskSpec("", "* * * * *", "ok", {}, "UTC"), "name", "non-empty"),
+        (TaskSpec("x" * 201, "* * * * *", "ok", {}, "UTC"), "name", "longer than 200"),
+        (TaskSpec("tab\there", "* * * * *", "ok", {}, "UTC"), "name", "control characters"),
+        (TaskSpec("h", "* * * * *", " ok", {}, "UTC"), "handler", "whitespace"),
+        (TaskSpec("c", "* " * 101, "ok", {}, "UTC"), "cron", "at most 200"),
+        (TaskSpec("a", "* * * * *", "ok", {}, "UTC"), "name", "duplicate task name"),
+    ],
+)
+def test_python_tasks_get_the_files_name_rules(
+    sched: Scheduler, spec: TaskSpec, key: str, fragment: str
+) -> None:
+    sched.sync([TaskSpec("b", "* * * * *", "ok", {}, "UTC")])
+    state = snapshot(sched)
+    with pytest.raises(ConfigError) as raised:
+        sched.sync([TaskSpec("a", "*/5 * * * *", "ok", {}, "UTC"), spec])
+    message = str(raised.value)
+    assert f"key '{key}'" in message and fragment in message, message
+    assert snapshot(sched) == state
