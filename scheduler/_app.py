@@ -8,7 +8,7 @@ import socket
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 
@@ -18,6 +18,7 @@ from ._errors import ConfigError
 from ._handlers import AbandonedHook, F, Registry
 from ._jobs import Job
 from ._payload import encode_payload
+from ._retry import retry
 from ._rows import SyncPlan, TaskRow
 from ._runner import Runner
 from ._store import Store
@@ -27,6 +28,8 @@ from ._time import Clock, as_utc, utcnow
 #: Handlers registered with ``@app.handler`` land here unless a Scheduler gets its own
 #: ``registry``, so a worker started by the CLI sees the handlers its imports registered.
 default_registry = Registry()
+
+_T = TypeVar("_T")
 
 
 def default_worker_id() -> str:
@@ -128,14 +131,18 @@ class Scheduler:
         """Make the rows match the TOML tasks atomically; ``dry_run`` only plans."""
         self.check_schema()
         chosen = self.tasks if tasks is None else tuple(tasks)
-        with self.store.begin() as conn:
-            return _rows.sync(
-                conn,
-                chosen,
-                now=self.clock(),
-                payload_limit=self.settings.payload_limit_bytes,
-                dry_run=dry_run,
-            )
+
+        def attempt() -> SyncPlan:  # one transaction: a deadlock rolled all of it back
+            with self.store.begin() as conn:
+                return _rows.sync(
+                    conn,
+                    chosen,
+                    now=self.clock(),
+                    payload_limit=self.settings.payload_limit_bytes,
+                    dry_run=dry_run,
+                )
+
+        return retry("sync", attempt)
 
     def tick(self, now: datetime | None = None) -> TickReport:
         """Dispatch, rerun, hold back or disable every due row; see SPEC §2."""
@@ -151,16 +158,17 @@ class Scheduler:
 
     def enable(self, name: str) -> bool:
         """Re-enable a disabled row (count reset, re-armed from now); False if it was enabled."""
-        with self.store.begin() as conn:
-            return _rows.enable(conn, name, self.clock())
+        return retry(f"enable {name}", lambda: self._in_transaction(_rows.enable, name))
 
     def disable(self, name: str) -> None:
-        with self.store.begin() as conn:
-            _rows.disable(conn, name, self.clock())
+        retry(f"disable {name}", lambda: self._in_transaction(_rows.disable, name))
 
     def trigger(self, name: str) -> None:
+        retry(f"trigger {name}", lambda: self._in_transaction(_rows.trigger, name))
+
+    def _in_transaction(self, change: Callable[[Any, str, datetime], _T], name: str) -> _T:
         with self.store.begin() as conn:
-            _rows.trigger(conn, name, self.clock())
+            return change(conn, name, self.clock())
 
     def get_row(self, name: str) -> TaskRow | None:
         with self.store.read() as conn:
@@ -242,13 +250,17 @@ class Scheduler:
     def purge(self) -> int:
         """Delete old succeeded (and much older aborted) jobs and their history."""
         w = self.worker_settings
-        with self.store.begin() as conn:
-            return _jobs.purge(
-                conn,
-                now=self.clock(),
-                succeeded_after=timedelta(days=w.purge_succeeded_after_days),
-                aborted_after=timedelta(days=w.purge_aborted_after_days),
-            )
+
+        def attempt() -> int:
+            with self.store.begin() as conn:
+                return _jobs.purge(
+                    conn,
+                    now=self.clock(),
+                    succeeded_after=timedelta(days=w.purge_succeeded_after_days),
+                    aborted_after=timedelta(days=w.purge_aborted_after_days),
+                )
+
+        return retry("purge", attempt)
 
     def status(self) -> dict[str, Any]:
         """Rows, job counts and health: the data of ``scheduler status --json`` (SPEC §5)."""

@@ -31,9 +31,10 @@ from sqlalchemy import (
     true,
     update,
 )
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ClauseElement
 
-from . import _cron, _jobs, _pgspread, signals
+from . import _cron, _jobs, _pgspread, _retry, signals
 from ._alerts import Alert, cause, deliver
 from ._driver import Prepared, PreparedSet
 from ._jobs import ABORTED, CLAIMED, QUEUED, SUCCEEDED
@@ -117,7 +118,7 @@ _DUE_AFTER = _DUE.where(  # the next batch: keyset pagination past the last row 
         and_(rows.c.next_run_at == _P("p_after_at"), rows.c.id > _P("p_after_id")),
     )
 )
-_RESET_JOB = (
+_RESET_JOB = _jobs.by_id(
     update(jobs)
     .where(jobs.c.id == _P("p_id"), jobs.c.state == ABORTED)
     .values(
@@ -424,6 +425,11 @@ def _one(
         return _fresh(conn, row, now, job_defaults)
     except _Rollback as rolled_back:
         return rolled_back.outcome, None
+    except DBAPIError as exc:  # a deadlock or lock wait timeout: retried on the next tick
+        if _retry.lock_conflict(exc) is None:
+            raise
+        log.debug("tick: row %s lost to a lock conflict: %s", row.name, exc.orig)
+        return LOST_RACE, None
 
 
 def _after_failure(
