@@ -194,7 +194,7 @@ def race_on_one_job_set(url: str, out: Path, processes: int) -> list[int | None]
         time.sleep(0.5)
         start.set()
         for proc in procs:
-            proc.join(60)
+            proc.join(120)  # spawn and import are slow on a loaded machine
     finally:
         for proc in procs:
             if proc.is_alive():
