@@ -41,6 +41,7 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.engine import make_url
 
 from scheduler import Scheduler
 from scheduler._jobs import new_job_values
@@ -347,7 +348,8 @@ def raw_done(url: str) -> int:
 
 def _analyze(engine: Engine, table: str) -> None:
     with engine.connect() as conn:
-        conn.execute(text(f"ANALYZE {table}"))
+        mysql = conn.dialect.name in ("mysql", "mariadb")
+        conn.execute(text(f"ANALYZE {'TABLE ' if mysql else ''}{table}"))
         conn.commit()
 
 
@@ -511,12 +513,13 @@ def systems(args: Any, scratch: Path) -> dict[tuple[str, str], System]:
             raw_enqueue,
         )
     if not args.no_pg:
-        ours_pg = _bench.recreate_pg_database(args.pg, "bench_scheduler")
+        ours_pg = _bench.recreate_pg_database(args.pg, "bench_scheduler" + args.db_suffix)
         Scheduler(ours_pg).migrate()
-        raw_pg = _bench.recreate_pg_database(args.pg, "bench_raw")
+        raw_pg = _bench.recreate_pg_database(args.pg, "bench_raw" + args.db_suffix)
         raw_prepare(raw_pg, args.raw_ready_index)
-        proc_pg = _bench.recreate_pg_database(args.pg, "bench_procrastinate")
-        procrastinate_prepare(proc_pg)
+        proc_pg = _bench.recreate_pg_database(args.pg, "bench_procrastinate" + args.db_suffix)
+        if not args.ours_only:
+            procrastinate_prepare(proc_pg)
 
         def truncate(url: str, tables: str) -> Callable[[], None]:
             def reset() -> None:
@@ -551,7 +554,43 @@ def systems(args: Any, scratch: Path) -> dict[tuple[str, str], System]:
             proc_pg,
             procrastinate_enqueue,
         )
+    if args.mariadb:
+        ours_maria = recreate_mariadb_database(args.mariadb)
+        Scheduler(ours_maria).migrate()
+
+        def truncate_maria() -> None:
+            engine = create_engine(ours_maria)
+            with engine.begin() as conn:
+                conn.execute(text("TRUNCATE TABLE scheduler_runs"))
+                conn.execute(text("TRUNCATE TABLE scheduler_jobs"))
+            engine.dispose()
+
+        found["MariaDB", "ours"] = System(
+            truncate_maria,
+            lambda n: ours_fill(ours_maria, n),
+            lambda: ours_done(ours_maria),
+            ours_drain_setup,
+            ours_maria,
+            ours_enqueue,
+        )
+    if args.ours_only:
+        found = {key: value for key, value in found.items() if key[1] == "ours"}
     return found
+
+
+def recreate_mariadb_database(url: str) -> str:
+    """Drop and create the database ``url`` names (on a loopback server only); return ``url``."""
+    parsed = make_url(url)
+    if parsed.host not in ("127.0.0.1", "localhost", "::1") or not parsed.database:
+        raise SystemExit(f"--mariadb: a database on a loopback server, not {url}")
+    admin = create_engine(parsed.set(database="mysql"), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS `{parsed.database}`"))
+            conn.execute(text(f"CREATE DATABASE `{parsed.database}`"))
+    finally:
+        admin.dispose()
+    return url
 
 
 ENQUEUE_NAMES = {
@@ -584,7 +623,7 @@ def plan(found: dict[tuple[str, str], System], batches: list[int], modes: list[s
     cases: list[Case] = []
     for (db, system), _ in found.items():
         cases.append(Case(db, "enqueue", ENQUEUE_NAMES[system], 1, None, system))
-    for db, procs_list in (("SQLite", (1,)), ("PostgreSQL", (1, 4))):
+    for db, procs_list in (("SQLite", (1,)), ("PostgreSQL", (1, 4)), ("MariaDB", (1, 4))):
         for procs in procs_list:
             if (db, "ours") in found:
                 name = drain_name("ours", db, 0, "work")
@@ -682,6 +721,23 @@ def main() -> None:
         action="store_true",
         help="also give the raw table a partial index in the claim's order",
     )
+    p.add_argument(
+        "--mariadb",
+        default=None,
+        help="also measure ours on MariaDB/MySQL: the URL of a loopback database, dropped and"
+        " created here (e.g. mysql+pymysql://root@127.0.0.1:3306/bench_scheduler)",
+    )
+    p.add_argument(
+        "--db-suffix",
+        default="",
+        help="appended to the PostgreSQL databases' names (bench_scheduler...), so that two runs"
+        " on one server do not drop each other's",
+    )
+    p.add_argument(
+        "--ours-only",
+        action="store_true",
+        help="measure only ours (no raw loop, no procrastinate): a short run across engines",
+    )
     args = p.parse_args()
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
     scratch = _bench.scratch_dir()
@@ -736,7 +792,13 @@ def main() -> None:
     )
     if not args.no_pg:
         for name in ("bench_scheduler", "bench_raw", "bench_procrastinate"):
-            _bench.drop_pg_database(args.pg, name)
+            _bench.drop_pg_database(args.pg, name + args.db_suffix)
+    if args.mariadb:
+        parsed = make_url(args.mariadb)
+        admin = create_engine(parsed.set(database="mysql"), isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS `{parsed.database}`"))
+        admin.dispose()
 
 
 if __name__ == "__main__":

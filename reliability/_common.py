@@ -26,6 +26,7 @@ from sqlalchemy.engine import make_url
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/scheduler_reliability"
+DEFAULT_MARIADB = "mysql+pymysql://root@127.0.0.1:3306/scheduler_reliability"
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
@@ -78,6 +79,11 @@ def prepare_database(url: str) -> None:
             ).first()
             if not found:
                 conn.execute(text(f'CREATE DATABASE "{parsed.database}"'))
+        admin.dispose()
+    elif parsed.get_backend_name() in ("mysql", "mariadb") and parsed.database:
+        admin = create_engine(parsed.set(database="mysql"), isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f"CREATE DATABASE IF NOT EXISTS `{parsed.database}`"))
         admin.dispose()
     from scheduler import Scheduler
     from scheduler._handlers import Registry

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, select, update
 
 from . import signals
+from ._retry import retry
 from ._store.tables import jobs, rows, runs
 
 log = logging.getLogger(__name__)
@@ -55,12 +56,18 @@ def deliver(conn: Connection, alert: Alert) -> None:
         disabled_at=alert.disabled_at,
         alert_id=alert.alert_id,
     )
-    with conn.begin():
-        conn.execute(
-            update(rows)
-            .where(rows.c.id == alert.row_id, rows.c.alert_id == alert.alert_id)
-            .values(alert_id=None)
-        )
+
+    def clear() -> None:
+        with conn.begin():
+            conn.execute(
+                update(rows)
+                .where(rows.c.id == alert.row_id, rows.c.alert_id == alert.alert_id)
+                .values(alert_id=None)
+            )
+
+    # The receivers ran: only the clearing is retried. Should it still fail, the alert stays
+    # pending and the sweep delivers it again (at least once, with the same alert_id).
+    retry(f"recording the alert for {alert.row} as delivered", clear, lost=lambda: None)
 
 
 def pending(conn: Connection, *, now: datetime, older_than: timedelta) -> list[Alert]:

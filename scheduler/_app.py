@@ -9,7 +9,7 @@ import socket
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import URL, Engine
 from sqlalchemy.engine import make_url
@@ -30,6 +30,7 @@ from ._errors import ConfigError, SchedulerError, SchemaOutdated
 from ._handlers import AbandonedHook, F, Registry
 from ._jobs import Job
 from ._payload import encode_payload
+from ._retry import retry
 from ._rows import SyncPlan, TaskRow
 from ._runner import Runner
 from ._store import Store, make_engine
@@ -75,6 +76,8 @@ def _missing_database(url: URL, exc: OperationalError) -> str | None:
 
 #: Seconds of the clock between two records of this Scheduler's ticks (``Scheduler.tick``).
 TICK_RECORD_SECONDS = 5.0
+
+_T = TypeVar("_T")
 
 
 def default_worker_id() -> str:
@@ -229,14 +232,18 @@ class Scheduler:
             task if task.timezone is not None else dataclasses.replace(task, timezone=zone)
             for task in (self.tasks if tasks is None else tasks)
         )
-        with self.store.begin() as conn:
-            return _rows.sync(
-                conn,
-                chosen,
-                now=self.clock(),
-                payload_limit=self.settings.payload_limit_bytes,
-                dry_run=dry_run,
-            )
+
+        def attempt() -> SyncPlan:  # one transaction: a deadlock rolled all of it back
+            with self.store.begin() as conn:
+                return _rows.sync(
+                    conn,
+                    chosen,
+                    now=self.clock(),
+                    payload_limit=self.settings.payload_limit_bytes,
+                    dry_run=dry_run,
+                )
+
+        return retry("sync", attempt)
 
     def tick(self, now: datetime | None = None) -> TickReport:
         """Dispatch, rerun, hold back or disable every due row (docs/explanation/tick.md).
@@ -276,16 +283,17 @@ class Scheduler:
 
     def enable(self, name: str) -> bool:
         """Re-enable a disabled row (count reset, re-armed from now); False if it was enabled."""
-        with self.store.begin() as conn:
-            return _rows.enable(conn, name, self.clock())
+        return retry(f"enable {name}", lambda: self._in_transaction(_rows.enable, name))
 
     def disable(self, name: str) -> None:
-        with self.store.begin() as conn:
-            _rows.disable(conn, name, self.clock())
+        retry(f"disable {name}", lambda: self._in_transaction(_rows.disable, name))
 
     def trigger(self, name: str) -> None:
+        retry(f"trigger {name}", lambda: self._in_transaction(_rows.trigger, name))
+
+    def _in_transaction(self, change: Callable[[Any, str, datetime], _T], name: str) -> _T:
         with self.store.begin() as conn:
-            _rows.trigger(conn, name, self.clock())
+            return change(conn, name, self.clock())
 
     def get_row(self, name: str) -> TaskRow | None:
         with self.store.read() as conn:
@@ -353,13 +361,23 @@ class Scheduler:
     def retry_job(self, job_id: int) -> Job:
         """Requeue an ``aborted`` job, attempts reset; a task's job becomes a fresh run of the
         task's current job. Raises :class:`~scheduler._jobs.JobStateError` in any other state."""
-        with self.store.begin() as conn:
-            return _jobs.retry(conn, job_id, now=self.clock(), job_defaults=self._job_defaults)
+
+        def attempt() -> Job:
+            with self.store.begin() as conn:
+                return _jobs.requeue(
+                    conn, job_id, now=self.clock(), job_defaults=self._job_defaults
+                )
+
+        return retry("retry_job", attempt)
 
     def cancel_job(self, job_id: int) -> Job:
         """Abort a ``queued`` job with code ``cancelled``; refused in any other state."""
-        with self.store.begin() as conn:
-            return _jobs.cancel(conn, job_id, now=self.clock())
+
+        def attempt() -> Job:
+            with self.store.begin() as conn:
+                return _jobs.cancel(conn, job_id, now=self.clock())
+
+        return retry("cancel_job", attempt)
 
     def runner(self) -> Runner:
         w = self.worker_settings
@@ -382,13 +400,17 @@ class Scheduler:
     def purge(self) -> int:
         """Delete old succeeded (and much older aborted) jobs and their history."""
         w = self.worker_settings
-        with self.store.begin() as conn:
-            return _jobs.purge(
-                conn,
-                now=self.clock(),
-                succeeded_after=timedelta(days=w.purge_succeeded_after_days),
-                aborted_after=timedelta(days=w.purge_aborted_after_days),
-            )
+
+        def attempt() -> int:
+            with self.store.begin() as conn:
+                return _jobs.purge(
+                    conn,
+                    now=self.clock(),
+                    succeeded_after=timedelta(days=w.purge_succeeded_after_days),
+                    aborted_after=timedelta(days=w.purge_aborted_after_days),
+                )
+
+        return retry("purge", attempt)
 
     def status(self) -> dict[str, Any]:
         """Rows, job counts and health: the data of ``scheduler status --json``."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -10,13 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import Connection, func, select
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from . import _jobs, signals
 from ._errors import LeaseLost, PermanentError
 from ._handlers import Handler, Registry, error_code
 from ._jobs import ABORTED, QUEUED, SUCCEEDED, Job
+from ._retry import retry
 from ._store import Store
 from ._store.tables import runs
 
@@ -109,64 +111,81 @@ class Runner:
         for job in stale:
             handler = self.registry.get(job.handler)
             if handler is not None and not handler.retry_safe:
-                with self.store.begin() as conn:
-                    won = _jobs.take_over(
-                        conn, job, owner=self.owner, now=now, lease=self.lease, rerun=False
-                    )
+                won = self._seize(job, "abandoning", self._take_over(job, now, rerun=False))
                 if won:
                     taken = dataclasses.replace(job, lease_owner=self.owner)
                     self.record([self.abandon(taken, handler, "lease_expired", now)])
             elif job.attempts >= job.max_attempts:
-                with self.store.begin() as conn:
-                    won = _jobs.abort_expired(conn, job, now=now)
-                if won:
+                if self._seize(
+                    job, "aborting", functools.partial(_jobs.abort_expired, job=job, now=now)
+                ):
                     log.warning(
                         "job %s: lease expired on its last attempt",
                         job.id,
                         extra={"action": "job_lease_expired", "job_id": job.id},
                     )
                     self._signal_aborted(job, "lease_expired")
-            else:
-                with self.store.begin() as conn:
-                    won = _jobs.take_over(
-                        conn, job, owner=self.owner, now=now, lease=self.lease, rerun=True
+            elif self._seize(job, "taking over", self._take_over(job, now, rerun=True)):
+                log.info(
+                    "job %s: taken over from stopped worker %s",
+                    job.id,
+                    job.lease_owner,
+                    extra={"action": "job_taken_over", "job_id": job.id},
+                )
+                rerun.append(
+                    dataclasses.replace(
+                        job,
+                        attempts=job.attempts + 1,
+                        lease_owner=self.owner,
+                        lease_expires_at=now + self.lease,
                     )
-                if won:
-                    log.info(
-                        "job %s: taken over from stopped worker %s",
-                        job.id,
-                        job.lease_owner,
-                        extra={"action": "job_taken_over", "job_id": job.id},
-                    )
-                    rerun.append(
-                        dataclasses.replace(
-                            job,
-                            attempts=job.attempts + 1,
-                            lease_owner=self.owner,
-                            lease_expires_at=now + self.lease,
-                        )
-                    )
+                )
         return rerun
 
+    def _take_over(self, job: Job, now: datetime, *, rerun: bool) -> Callable[[Connection], bool]:
+        return lambda conn: _jobs.take_over(
+            conn, job, owner=self.owner, now=now, lease=self.lease, rerun=rerun
+        )
+
+    def _seize(self, job: Job, doing: str, write: Callable[[Connection], bool]) -> bool:
+        """One takeover transaction (conditional on the owner and expiry seen); a deadlock that
+        outlasts the retries is a takeover lost to whoever held the lock."""
+
+        def attempt() -> bool:
+            with self.store.begin() as conn:
+                return write(conn)
+
+        return retry(f"{doing} expired job {job.id}", attempt, lost=lambda: False)
+
     def claim(self, limit: int = 1) -> list[Job]:
+        """Claim up to ``limit`` ready jobs. A claim that deadlocked is run again; one that
+        still does claims nothing this time (the transaction was rolled back whole)."""
         now = self.clock()
-        with self.store.begin() as conn:
-            return _jobs.claim(
-                self.store,
-                conn,
-                owner=self.owner,
-                now=now,
-                lease=self.lease,
-                limit=limit,
-                queues=self.queues,
-            )
+
+        def attempt() -> list[Job]:
+            with self.store.begin() as conn:
+                return _jobs.claim(
+                    self.store,
+                    conn,
+                    owner=self.owner,
+                    now=now,
+                    lease=self.lease,
+                    limit=limit,
+                    queues=self.queues,
+                )
+
+        return retry("claim", attempt, lost=list)
 
     def extend(self, job_ids: list[int]) -> int:
         """Renew the leases this runner holds on ``job_ids``; returns how many it still holds."""
-        with self.store.begin() as conn:
-            return _jobs.heartbeat(
-                conn, job_ids, owner=self.owner, now=self.clock(), lease=self.lease
-            )
+
+        def attempt() -> int:
+            with self.store.begin() as conn:
+                return _jobs.heartbeat(
+                    conn, job_ids, owner=self.owner, now=self.clock(), lease=self.lease
+                )
+
+        return retry("extending leases", attempt)
 
     # -- running ----------------------------------------------------------------------
     def run(self, job: Job) -> str:
@@ -270,8 +289,7 @@ class Runner:
         deadline = time.monotonic() + self.lease.total_seconds() / 2
         while True:
             try:
-                with self.store.begin() as conn:
-                    views = _jobs.finish_many(conn, items, owner=self.owner, now=self.clock())
+                views = retry("recording outcomes", lambda: self._finish(items))
                 break
             except (OperationalError, InterfaceError):
                 # The database went away (a restart): the handlers' work is done, so keep
@@ -315,6 +333,10 @@ class Runner:
                 signals.send(signals.job_aborted, job.handler, job=view, error_code=outcome.code)
             results.append("abandoned" if outcome.abandoned else outcome.state)
         return results
+
+    def _finish(self, items: list[_jobs.Finish]) -> list[Job | None]:
+        with self.store.begin() as conn:
+            return _jobs.finish_many(conn, items, owner=self.owner, now=self.clock())
 
     def _signal_aborted(self, job: Job, code: str) -> None:
         with self.store.read() as conn:

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "reliability"))
 
 import crash_loop  # noqa: E402
+import queue_race  # noqa: E402
 import racing_schedulers  # noqa: E402
 import sqlite_contention  # noqa: E402
 
@@ -247,9 +248,17 @@ def must_be_zero(figures: list[Any], notes: list[str]) -> None:
     assert not failed, (failed, notes)
 
 
-def test_two_processes_race_their_ticks(pg_url: str, tmp_path: Path) -> None:
+@pytest.fixture(params=["postgresql", "mariadb"])
+def server_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path) -> str:
+    """A migrated, empty database on PostgreSQL and on MariaDB."""
+    from conftest import make_url
+
+    return make_url(request.param, tmp_path, sqlite_template)
+
+
+def test_two_processes_race_their_ticks(server_url: str, tmp_path: Path) -> None:
     figures, notes = racing_schedulers.run(
-        pg_url,
+        server_url,
         processes=2,
         seconds=4,
         rows=24,
@@ -264,12 +273,21 @@ def test_two_processes_race_their_ticks(pg_url: str, tmp_path: Path) -> None:
     assert values["rows disabled"] >= 1  # an always-failing one
 
 
-@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
-def test_one_kill_9_round(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "sqlite",
+        pytest.param("postgresql", marks=pytest.mark.slow),
+        pytest.param("mariadb", marks=pytest.mark.slow),
+    ],
+)
+def test_one_kill_9_round(backend: str, tmp_path: Path, sqlite_template: Path) -> None:
     if backend == "sqlite":
         url, prepare = f"sqlite:///{tmp_path / 'crash.db'}", True
     else:
-        url, prepare = request.getfixturevalue("pg_url"), False
+        from conftest import make_url
+
+        url, prepare = make_url(backend, tmp_path, sqlite_template), False
     figures, notes = crash_loop.run(
         url, rounds=1, seed=7, prepare=prepare, out=tmp_path, verbose=False
     )
@@ -277,6 +295,17 @@ def test_one_kill_9_round(backend: str, request: pytest.FixtureRequest, tmp_path
     values = {f.name: f.value for f in figures}
     assert values["kills (kill -9)"] == 1
     assert values["kills while a handler ran"] == 1
+
+
+def test_three_processes_race_work_on_mariadb(tmp_path: Path, sqlite_template: Path) -> None:
+    """Issue 18: three processes call work() on one job set; no deadlock reaches them."""
+    from conftest import make_url
+
+    url = make_url("mariadb", tmp_path, sqlite_template)
+    figures, notes = queue_race.run(
+        url, runs=2, processes=3, jobs=60, prepare=False, out=tmp_path, verbose=False
+    )
+    must_be_zero(figures, notes)
 
 
 def test_a_few_seconds_of_sqlite_contention(tmp_path: Path) -> None:

@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, insert, literal_column, update
+from sqlalchemy.exc import DBAPIError
 
-from .. import _jobs, signals
+from .. import _jobs, _retry, signals
 from .._alerts import Alert, cause, deliver
 from .._store import Store
 from .._store.driver import Prepared, PreparedSet
@@ -77,7 +78,7 @@ _POINT_ROW = PreparedSet(
     ),
     Prepared,
 )
-_RESET_JOB = (
+_RESET_JOB = _jobs.by_id(  # through the primary key on MariaDB/MySQL (see _jobs.by_id)
     update(jobs)
     .where(jobs.c.id == _P("p_id"), jobs.c.state == JobState.ABORTED)
     .values(
@@ -242,6 +243,11 @@ def carry_out_row(conn: Connection, row: DueRow, decision: Decision, work: Work)
             return write(conn, row, decision, work)
     except _Rollback as rolled_back:
         return rolled_back.outcome, None
+    except DBAPIError as exc:  # a deadlock or lock wait timeout: the next tick takes the row
+        if _retry.lock_conflict(exc) is None:
+            raise
+        log.debug("tick: task %s lost to a lock conflict: %s", row.name, exc.orig)
+        return Outcome.LOST_RACE, None
 
 
 class PortableDispatcher:

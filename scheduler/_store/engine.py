@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
@@ -48,6 +48,17 @@ class Capabilities:
     autocommit_reads: bool = False
     """A read-only statement can run in the driver's autocommit (psycopg), skipping the BEGIN
     and COMMIT round trips."""
+
+
+def skip_locked(dialect: Any) -> bool:
+    """``FOR UPDATE SKIP LOCKED``: PostgreSQL; MySQL 8.0.1 and MariaDB 10.6 on (known once the
+    engine has connected: before, False)."""
+    if dialect.name == "postgresql":
+        return True
+    version = getattr(dialect, "server_version_info", None)
+    if dialect.name not in ("mysql", "mariadb") or not version:
+        return False
+    return tuple(version) >= ((10, 6) if dialect.is_mariadb else (8, 0, 1))
 
 
 def _sqlite_hooks(engine: Engine) -> None:
@@ -132,16 +143,23 @@ class Store:
             dialect=name,
             # MariaDB has INSERT/DELETE ... RETURNING but no UPDATE ... RETURNING.
             update_returning=update_returning,
-            skip_locked=name in ("postgresql", "mysql", "mariadb"),
+            skip_locked=skip_locked(dialect),
             claim_returning=update_returning and name != "mysql",
             single_writer=name == "sqlite",
             pipeline=psycopg,
             autocommit_reads=psycopg,
         )
+        if name in ("mysql", "mariadb") and dialect.server_version_info is None:
+            # The server's version is known from the first connection on: detect it then.
+            event.listen(self.engine, "connect", self._detect_version, once=True)
         self._helpers: ThreadPoolExecutor | None = None
         self._helper_threads = 0
         self._helper_pid = 0
         self._helpers_lock = threading.Lock()
+
+    def _detect_version(self, _dbapi_connection: Any, _record: Any) -> None:
+        # Runs after the dialect's own first-connect initialisation, which reads the version.
+        self.caps = replace(self.caps, skip_locked=skip_locked(self.engine.dialect))
 
     def helpers(self, threads: int) -> ThreadPoolExecutor:
         """Threads for work spread over several connections (the tick's lanes), kept between
