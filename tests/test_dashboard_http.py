@@ -436,3 +436,47 @@ def test_cli_serves_the_dashboard(tmp_path: Path) -> None:
     finally:
         server.terminate()
         server.communicate(timeout=20)  # reaps it and closes its stderr pipe
+
+
+# -- /metrics ---------------------------------------------------------------------------------
+def _families(text: str) -> dict[str, Any]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def test_the_dashboard_serves_metrics_read_from_the_database(app: Scheduler) -> None:
+    r = client(app).get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    found = _families(r.text)
+    tasks = {s.labels["state"]: s.value for s in found["scheduler_tasks"].samples}
+    assert tasks == {"enabled": 2, "disabled": 0}
+    failures = {
+        s.labels["task"]: s.value for s in found["scheduler_task_consecutive_failures"].samples
+    }
+    assert set(failures) == {"nightly", HOSTILE}  # a label value, not markup: nothing to escape
+    aborted = [
+        s.value
+        for s in found["scheduler_jobs_by_state"].samples
+        if s.labels == {"state": "aborted", "queue": "default"}
+    ]
+    assert aborted == [1]
+
+
+def test_with_credentials_metrics_take_http_basic_and_nothing_else(app: Scheduler) -> None:
+    import base64
+
+    c = client(app, username="ops", password_hash=HASH)
+
+    def basic(user: str, password: str) -> dict[str, str]:
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        return {"Authorization": f"Basic {token}"}
+
+    refused = c.get("/metrics")
+    assert refused.status_code == 401 and "scheduler_tasks" not in refused.text
+    assert refused.headers["www-authenticate"].startswith("Basic")
+    assert c.get("/metrics", headers=basic("ops", "wrong")).status_code == 401
+    assert c.get("/metrics", headers=basic("someone", PASSWORD)).status_code == 401
+    assert c.get("/metrics", headers={"Authorization": "Basic !!!"}).status_code == 401
+    ok = c.get("/metrics", headers=basic("ops", PASSWORD))
+    assert ok.status_code == 200 and "scheduler_tasks" in ok.text

@@ -8,16 +8,19 @@ so even a string that slipped past escaping could not execute.
 
 from __future__ import annotations
 
+import base64
+import hmac
 import logging
 import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
@@ -408,9 +411,53 @@ def create_app(
         Route("/actions/cancel/{job_id:int}", action(cancel), methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
+    metrics = _metrics_endpoint(app, settings)
+    if metrics is not None:
+        routes.append(Route("/metrics", metrics))
     web = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)])
     web.state.dashboard = dash
     return web
+
+
+def _metrics_endpoint(
+    app: Scheduler, settings: DashboardSettings
+) -> Callable[[Request], Awaitable[Response]] | None:
+    """``/metrics`` (Prometheus text) when ``scheduler[metrics]`` is installed, else None.
+
+    A scraper has no session: with credentials configured it signs in with HTTP Basic (the
+    dashboard's username and password, Prometheus' ``basic_auth``); without, it is as open as
+    the worker's ``/metrics``.
+    """
+    try:
+        from ..metrics import metrics_for
+    except ImportError:
+        return None
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    def allowed(request: Request) -> bool:
+        found = credentials(settings)
+        if found is None:
+            return True
+        scheme, _, encoded = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            user, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        return hmac.compare_digest(user, found[0]) and verify_password(password, found[1])
+
+    async def endpoint(request: Request) -> Response:
+        if not allowed(request):
+            return Response(
+                "sign in with HTTP Basic\n",
+                status_code=401,
+                headers={"www-authenticate": 'Basic realm="scheduler metrics"'},
+            )
+        body = await run_in_threadpool(generate_latest, metrics_for(app).registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    return endpoint
 
 
 class SecurityHeaders:
