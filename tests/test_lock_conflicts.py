@@ -24,7 +24,8 @@ from sqlalchemy.exc import OperationalError
 from scheduler import Scheduler, TaskSpec, _jobs
 from scheduler._handlers import Registry
 from scheduler._retry import DEADLOCK, LOCK_WAIT_TIMEOUT, lock_conflict
-from scheduler._store import make_engine, skip_locked
+from scheduler._store import make_engine
+from scheduler._store.engine import skip_locked
 from scheduler._store.tables import jobs, rows
 from scheduler.testing import ManualClock
 
