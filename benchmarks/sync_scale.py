@@ -30,12 +30,12 @@ from urllib.parse import quote
 
 import _bench
 from _bench import Counter, fmt, median, progress
-from scheduler._tables import metadata
 from sqlalchemy import create_engine, delete, event, text
 from sqlalchemy.engine import make_url
 
 from scheduler import Scheduler, TaskSpec, load_config
 from scheduler._handlers import Registry
+from scheduler._store.tables import metadata
 
 CRONS = ("*/15 * * * *", "0 3 * * *", "H * * * *", "H H * * *")
 ZONES = ("UTC", "Europe/Berlin", "America/New_York")
