@@ -127,7 +127,7 @@ def iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat().replace("+00:00", "Z")
 
 
-def _row(row: _rows.TaskRow, error_codes: dict[int, str | None]) -> dict[str, Any]:
+def _row(row: _rows.TaskRow) -> dict[str, Any]:
     # A disabled row's next_run_at is stale (enable computes a new one): it has no next run.
     next_run = row.next_run_at if row.enabled else None
     local = next_run.astimezone(ZoneInfo(row.timezone)) if next_run else None
@@ -148,7 +148,7 @@ def _row(row: _rows.TaskRow, error_codes: dict[int, str | None]) -> dict[str, An
         "disabled_at": iso(row.disabled_at),
         # The last run aborted; consecutive_failures counts it at the next slot (SPEC §2).
         "failing": failing,
-        "last_error_code": error_codes.get(row.last_job_id) if row.last_job_id else None,
+        "last_error_code": row.last_error_code if row.last_job_state == ABORTED else None,
     }
 
 
@@ -181,13 +181,6 @@ def status(
         agg = _job_aggregates(conn, now, limits)
         last_finished = conn.execute(select(func.max(runs.c.finished_at))).scalar()
         seen = list(conn.execute(select(workers).order_by(workers.c.started_at)))
-        aborted = [r.last_job_id for r in task_rows if r.last_job_state == ABORTED]
-        error_codes: dict[int, str | None] = {}
-        if aborted:  # only when some task's last run failed
-            found = conn.execute(
-                select(jobs.c.id, jobs.c.last_error_code).where(jobs.c.id.in_(aborted))
-            )
-            error_codes = {job_id: code for job_id, code in found}
     counts = {state: int(agg._mapping[state]) for state in STATES}
     waiting, overdue, stopped = int(agg.waiting), int(agg.overdue), int(agg.stopped)
     oldest_ready = agg.oldest_ready
@@ -262,7 +255,7 @@ def status(
             counted = r.consecutive_failures + 1
             left = f"{counted} of {limit} before the task is disabled" if limit else "no limit"
             warnings.append(
-                f"task {r.name!r}: its last run aborted ({error_codes.get(r.last_job_id)});"
+                f"task {r.name!r}: its last run aborted ({r.last_error_code});"
                 " the failure is counted at its next slot, which reruns the job in place"
                 f" ({left})"
             )
@@ -286,7 +279,7 @@ def status(
             )
 
     return {
-        "rows": [_row(r, error_codes) for r in task_rows],
+        "rows": [_row(r) for r in task_rows],
         "jobs": counts,
         "health": {
             "waiting": waiting,

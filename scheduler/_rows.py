@@ -41,12 +41,16 @@ class TaskRow:
     disabled_reason: str | None
     disabled_at: datetime | None
     version: int
+    last_error_code: str | None = None
+    """The stable error code of the row's last job (None while it has not failed)."""
 
 
 def _select_rows() -> Any:
-    return select(rows, jobs.c.state.label("last_job_state")).select_from(
-        rows.outerjoin(jobs, jobs.c.id == rows.c.last_job_id)
-    )
+    return select(
+        rows,
+        jobs.c.state.label("last_job_state"),
+        jobs.c.last_error_code.label("last_job_error"),
+    ).select_from(rows.outerjoin(jobs, jobs.c.id == rows.c.last_job_id))
 
 
 def _view(r: Any) -> TaskRow:
@@ -67,6 +71,7 @@ def _view(r: Any) -> TaskRow:
         disabled_reason=m["disabled_reason"],
         disabled_at=m["disabled_at"],
         version=m["version"],
+        last_error_code=m["last_job_error"],
     )
 
 

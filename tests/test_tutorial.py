@@ -31,6 +31,7 @@ sys.path.insert(0, ".")
 import tutorial_jobs
 from scheduler import Scheduler
 app = Scheduler.from_toml("app.toml")
+app.trigger("greet")  # the worker ran greet too (every 10 s): not left to the clock
 for _ in range(3):
     app.trigger("check-service")
     app.tick()
