@@ -164,16 +164,26 @@ def migrate(state: State, revision: str) -> None:
 
 
 def unknown_handlers(app: Scheduler, tasks: Iterable[tuple[str, str]]) -> list[str]:
-    """One line per (task, handler) whose handler no imported module registered."""
+    """One line per handler that no imported module registered, naming the tasks that use it
+    (the first three, and how many more: a task per customer must not print 100,000 lines)."""
     imports = app.worker_settings.imports
     where = f"[worker] imports ({', '.join(imports)})" if imports else "[worker] imports (none)"
     known = app.registry.names()
-    found = []
+    users: dict[str, list[str]] = {}
     for name, handler in tasks:
         if handler not in app.registry:
-            close = difflib.get_close_matches(handler, known, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            found.append(f"task {name!r}: handler {handler!r} is not registered by {where}{hint}")
+            users.setdefault(handler, []).append(name)
+    found = []
+    for handler, names in users.items():
+        close = difflib.get_close_matches(handler, known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        if len(names) == 1:
+            who = f"task {names[0]!r}: handler {handler!r}"
+        else:
+            shown = ", ".join(repr(n) for n in names[:3])
+            more = f" and {len(names) - 3:,} more" if len(names) > 3 else ""
+            who = f"tasks {shown}{more} ({len(names):,}): handler {handler!r}"
+        found.append(f"{who} is not registered by {where}{hint}")
     return found
 
 

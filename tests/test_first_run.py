@@ -335,6 +335,20 @@ def test_sync_warns_and_the_worker_refuses_an_unknown_handler(
     assert f"WARNING scheduler.cli: task 't1': handler 't.okk' is {imports}" in allowed.stderr
 
 
+def test_many_tasks_on_one_unknown_handler_are_one_line(tmp_path: Path, migrated: str) -> None:
+    tasks = "".join(
+        f'[[tasks]]\nname = "c{i}"\ncron = "0 3 * * *"\nhandler = "billing.invoice"\n\n'
+        for i in range(5)
+    )
+    project(tmp_path, migrated, tasks=tasks)
+    synced = run(tmp_path, "sync")
+    assert synced.returncode == 0, synced.stderr
+    assert synced.stderr.splitlines() == [
+        "warning: tasks 'c0', 'c1', 'c2' and 2 more (5): handler 'billing.invoice' is not"
+        " registered by [worker] imports (first_jobs)"
+    ]
+
+
 def test_sync_says_when_it_cannot_check_the_handlers(tmp_path: Path, migrated: str) -> None:
     path = project(tmp_path, migrated, tasks=UNKNOWN)
     path.write_text(path.read_text().replace('"first_jobs"', '"first_jobs", "not_there"'))
