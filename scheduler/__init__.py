@@ -16,7 +16,7 @@ from ._errors import (
     SchemaOutdated,
     UnknownRow,
 )
-from ._jobs import Job
+from ._jobs import Job, JobStateError
 from ._rows import SyncPlan, TaskRow
 from ._tick import TickReport
 
@@ -29,6 +29,7 @@ __all__ = [
     "AppConfig",
     "ConfigError",
     "Job",
+    "JobStateError",
     "LeaseLost",
     "PayloadError",
     "PermanentError",

@@ -360,7 +360,7 @@ class Scheduler:
 
     def retry_job(self, job_id: int) -> Job:
         """Requeue an ``aborted`` job, attempts reset; a task's job becomes a fresh run of the
-        task's current job. Raises :class:`~scheduler._jobs.JobStateError` in any other state."""
+        task's current job. Raises :class:`~scheduler.JobStateError` in any other state."""
 
         def attempt() -> Job:
             with self.store.begin() as conn:
