@@ -477,6 +477,7 @@ def test_with_credentials_metrics_take_http_basic_and_nothing_else(app: Schedule
     assert refused.headers["www-authenticate"].startswith("Basic")
     assert c.get("/metrics", headers=basic("ops", "wrong")).status_code == 401
     assert c.get("/metrics", headers=basic("someone", PASSWORD)).status_code == 401
+    assert c.get("/metrics", headers=basic("öps", PASSWORD)).status_code == 401  # not a 500
     assert c.get("/metrics", headers={"Authorization": "Basic !!!"}).status_code == 401
     ok = c.get("/metrics", headers=basic("ops", PASSWORD))
     assert ok.status_code == 200 and "scheduler_tasks" in ok.text

@@ -153,6 +153,16 @@ def credentials(settings: DashboardSettings) -> tuple[str, str] | None:
     return settings.username, password_hash
 
 
+def credentials_match(found: tuple[str, str] | None, user: str, password: str) -> bool:
+    """True if ``user`` and ``password`` are the configured ones (``found``, from
+    :func:`credentials`). The password is verified even when the name is wrong, so that the
+    answer takes as long either way."""
+    if found is None:
+        return False
+    name_ok = secrets.compare_digest(user.encode(), found[0].encode())
+    return verify_password(password, found[1]) and name_ok
+
+
 def check_bind(host: str, settings: DashboardSettings, where: str = "[dashboard]") -> None:
     """Refuse a non-loopback address when no credentials are configured."""
     if not is_loopback(host) and credentials(settings) is None:

@@ -9,7 +9,6 @@ so even a string that slipped past escaping could not execute.
 from __future__ import annotations
 
 import base64
-import hmac
 import logging
 import os
 import secrets
@@ -31,7 +30,7 @@ from .._config import DashboardSettings
 from .._errors import ConfigError, SchedulerError
 from .._jobs import STATES
 from . import _queries, _views
-from ._auth import Signer, credentials, verify_password
+from ._auth import Signer, credentials, credentials_match
 from ._render import HERE, _ago, _environment, _pill, _strip, _when
 
 if TYPE_CHECKING:
@@ -294,12 +293,7 @@ def create_app(
         ):
             return Response("missing or stale CSRF token: reload the page", status_code=403)
         user, password = str(form.get("username") or ""), str(form.get("password") or "")
-        ok = dash.creds is not None and secrets.compare_digest(
-            user.encode(), dash.creds[0].encode()
-        )
-        # Verify even when the name is wrong, so the answer takes as long either way.
-        ok = verify_password(password, dash.creds[1]) and ok if dash.creds else False
-        if not ok:
+        if not credentials_match(dash.creds, user, password):
             log.warning("dashboard: failed sign-in", extra={"action": "dashboard_login_failed"})
             context = {"next": target, "error": "Wrong username or password.", "_session": session}
             return dash.render(request, "login.html", context, 401)
@@ -411,7 +405,7 @@ def create_app(
         Route("/actions/cancel/{job_id:int}", action(cancel), methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    metrics = _metrics_endpoint(app, settings)
+    metrics = _metrics_endpoint(app, dash.creds)
     if metrics is not None:
         routes.append(Route("/metrics", metrics))
     web = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)])
@@ -420,7 +414,7 @@ def create_app(
 
 
 def _metrics_endpoint(
-    app: Scheduler, settings: DashboardSettings
+    app: Scheduler, creds: tuple[str, str] | None
 ) -> Callable[[Request], Awaitable[Response]] | None:
     """``/metrics`` (Prometheus text) when ``scheduler[metrics]`` is installed, else None.
 
@@ -434,21 +428,21 @@ def _metrics_endpoint(
         return None
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    def allowed(request: Request) -> bool:
-        found = credentials(settings)
-        if found is None:
+    def allowed(authorization: str) -> bool:
+        if creds is None:
             return True
-        scheme, _, encoded = request.headers.get("authorization", "").partition(" ")
+        scheme, _, encoded = authorization.partition(" ")
         if scheme.lower() != "basic":
             return False
         try:
             user, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
         except (ValueError, UnicodeDecodeError):
             return False
-        return hmac.compare_digest(user, found[0]) and verify_password(password, found[1])
+        return credentials_match(creds, user, password)
 
     async def endpoint(request: Request) -> Response:
-        if not allowed(request):
+        # The password hash is slow on purpose: verified off the event loop, like the scrape.
+        if not await run_in_threadpool(allowed, request.headers.get("authorization", "")):
             return Response(
                 "sign in with HTTP Basic\n",
                 status_code=401,
