@@ -198,6 +198,33 @@ def _child(
         results.put((0, Counts(), time.monotonic(), f"{type(exc).__name__}: {exc}"))
 
 
+def start_together(
+    target: Callable[..., None], args: tuple[Any, ...], processes: int, what: str
+) -> tuple[list[Any], Any, float]:
+    """Start ``processes`` fresh (spawned) processes of ``target(*args, ready, start,
+    results)``, wait until each has put a token on ``ready`` (its untimed set-up done), then
+    release them at once. Returns the processes, the ``results`` queue and the common start
+    (``time.monotonic``, system-wide on Linux)."""
+    ctx = multiprocessing.get_context("spawn")
+    ready, results, start = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [
+        ctx.Process(target=target, args=(*args, ready, start, results)) for _ in range(processes)
+    ]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        while True:
+            try:
+                ready.get(timeout=1)
+                break
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise RuntimeError(f"a {what} process died while starting") from None
+    began = time.monotonic()
+    start.set()
+    return procs, results, began
+
+
 def run_processes(
     setup: Callable[..., Callable[[], tuple[int, Counts]]],
     processes: int,
@@ -210,24 +237,7 @@ def run_processes(
     Returns the wall time from the common start to the last finish (``time.monotonic`` is
     system-wide on Linux), the jobs handled, and the summed counts.
     """
-    ctx = multiprocessing.get_context("spawn")
-    ready, results, start = ctx.Queue(), ctx.Queue(), ctx.Event()
-    procs = [
-        ctx.Process(target=_child, args=(setup, args, ready, start, results))
-        for _ in range(processes)
-    ]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        while True:
-            try:
-                ready.get(timeout=1)
-                break
-            except queue.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    raise RuntimeError("a worker process died while starting") from None
-    began = time.monotonic()
-    start.set()
+    procs, results, began = start_together(_child, (setup, args), processes, "worker")
     handled, counts, last, errors = 0, Counts(), began, []
     for _ in procs:
         n, c, finished, error = results.get(timeout=3600)

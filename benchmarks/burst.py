@@ -17,8 +17,6 @@ created and dropped here; SQLite files live in a temporary folder.
 
 from __future__ import annotations
 
-import multiprocessing
-import queue
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -165,24 +163,7 @@ def _ticker(url: str, now: datetime, ready: Any, start: Any, results: Any) -> No
 def run_ticks(url: str, now: datetime, processes: int) -> dict[str, Any]:
     """`processes` fresh processes each run one tick, started together; the wall time from
     the common start to the last finish, and the summed counts."""
-    ctx = multiprocessing.get_context("spawn")
-    ready, results, start = ctx.Queue(), ctx.Queue(), ctx.Event()
-    procs = [
-        ctx.Process(target=_ticker, args=(url, now, ready, start, results))
-        for _ in range(processes)
-    ]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        while True:
-            try:
-                ready.get(timeout=1)
-                break
-            except queue.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    raise RuntimeError("a ticking process died while starting") from None
-    began = time.monotonic()
-    start.set()
+    procs, results, began = _bench.start_together(_ticker, (url, now), processes, "ticking")
     found = [results.get(timeout=3600) for _ in procs]
     for p in procs:
         p.join()
