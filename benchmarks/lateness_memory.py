@@ -27,7 +27,7 @@ from _bench import fmt, progress
 from sqlalchemy import func, insert, select
 
 from scheduler import Scheduler
-from scheduler._jobs import new_job_values
+from scheduler._store.jobs import new_job_values
 from scheduler._store.tables import jobs
 
 HERE = Path(__file__).resolve().parent

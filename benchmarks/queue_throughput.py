@@ -44,8 +44,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 
 from scheduler import Scheduler
-from scheduler._jobs import new_job_values
 from scheduler._store import make_engine
+from scheduler._store.jobs import new_job_values
 from scheduler._store.tables import jobs as our_jobs
 from scheduler._worker import Worker
 

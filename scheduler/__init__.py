@@ -16,8 +16,8 @@ from ._errors import (
     SchemaOutdated,
     UnknownRow,
 )
-from ._jobs import Job, JobStateError
-from ._rows import SyncPlan, TaskRow
+from ._store.jobs import Job, JobStateError
+from ._store.rows import SyncPlan, TaskRow
 from ._tick import TickReport
 
 try:

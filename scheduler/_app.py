@@ -15,7 +15,7 @@ from sqlalchemy import URL, Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
-from . import _alerts, _health, _jobs, _migrate, _rows, _tick, _tracing
+from . import _alerts, _migrate, _tick, _tracing
 from ._config import (
     AppConfig,
     DashboardSettings,
@@ -28,12 +28,15 @@ from ._config import (
 )
 from ._errors import ConfigError, SchedulerError, SchemaOutdated
 from ._handlers import AbandonedHook, F, Registry
-from ._jobs import Job
 from ._payload import encode_payload
 from ._retry import retry
-from ._rows import SyncPlan, TaskRow
 from ._runner import Runner
 from ._store import Store, make_engine
+from ._store import health as _health
+from ._store import jobs as _jobs
+from ._store import rows as _rows
+from ._store.jobs import Job
+from ._store.rows import SyncPlan, TaskRow
 from ._tick import TickReport
 from ._time import Clock, as_utc, utcnow
 

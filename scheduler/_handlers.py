@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ._jobs import check_text
+from ._store.jobs import check_text
 
 HandlerFunc = Callable[[Any], Any]
 AbandonedHook = Callable[[Any], Any]

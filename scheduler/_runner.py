@@ -14,12 +14,13 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, func, select
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from . import _jobs, signals
+from . import signals
 from ._errors import LeaseLost, PermanentError
 from ._handlers import Handler, Registry, error_code
-from ._jobs import ABORTED, QUEUED, SUCCEEDED, Job
 from ._retry import retry
 from ._store import Store
+from ._store import jobs as _jobs
+from ._store.jobs import ABORTED, QUEUED, SUCCEEDED, Job
 from ._store.tables import runs
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._jobs import Job
     from ._runner import Outcome
+    from ._store.jobs import Job
 
 TRACER_NAME = "scheduler"
 SYSTEM = "scheduler"

@@ -41,9 +41,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
-from . import _health
-from ._jobs import Job
 from ._runner import Recorder
+from ._store import health as _health
+from ._store.jobs import Job
 from ._telemetry import Telemetry
 
 if TYPE_CHECKING:

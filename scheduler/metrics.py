@@ -53,7 +53,7 @@ from sqlalchemy import (
 )
 
 from . import signals
-from ._jobs import QUEUED, STATES, SUCCEEDED, Job
+from ._store.jobs import QUEUED, STATES, SUCCEEDED, Job
 from ._store.tables import UTCDateTime, jobs, rows, workers
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from blinker import NamedSignal
 from sqlalchemy import func, select, true
 
 from . import signals as _signals
-from ._jobs import CLAIMED, QUEUED
+from ._store.jobs import CLAIMED, QUEUED
 from ._store.tables import jobs, rows
 from ._tick import DISPATCHED, RERUN, TickReport
 from ._time import as_utc

@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 from helpers_worker import append_line, read_lines
 
-from scheduler import Job, Scheduler, _jobs
+from scheduler import Job, Scheduler
 from scheduler._handlers import Registry
+from scheduler._store import jobs as _jobs
 
 HELPER = Path(__file__).resolve().parent / "helpers_worker.py"
 LEASE_SECONDS = 1

@@ -13,7 +13,7 @@ from sqlalchemy import update
 
 from scheduler import Scheduler, SchemaOutdated, TaskSpec
 from scheduler._handlers import Registry
-from scheduler._health import Thresholds, forget, status, touch
+from scheduler._store.health import Thresholds, forget, status, touch
 from scheduler._store.tables import rows
 
 T = datetime(2030, 3, 1, 12, 0, tzinfo=UTC)

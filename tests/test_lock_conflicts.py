@@ -21,9 +21,10 @@ import pytest
 from sqlalchemy import Connection, Engine, create_engine, select, text, update
 from sqlalchemy.exc import OperationalError
 
-from scheduler import Scheduler, TaskSpec, _jobs
+from scheduler import Scheduler, TaskSpec
 from scheduler._handlers import Registry
 from scheduler._retry import DEADLOCK, LOCK_WAIT_TIMEOUT, lock_conflict
+from scheduler._store import jobs as _jobs
 from scheduler._store import make_engine
 from scheduler._store.engine import skip_locked
 from scheduler._store.tables import jobs, rows

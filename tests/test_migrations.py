@@ -248,7 +248,7 @@ def _explain_with_parameters(app: Scheduler, statement: Any, params: dict[str, A
 def test_the_partial_indexes_serve_their_queries_with_bound_parameters(app: Scheduler, query: str):
     from datetime import UTC, datetime
 
-    from scheduler import _jobs
+    from scheduler._store import jobs as _jobs
 
     app.migrate()
     now = datetime(2030, 1, 1, tzinfo=UTC)
@@ -288,7 +288,7 @@ def test_0003_keeps_the_jobs_and_the_one_active_job_per_key(app: Scheduler):
     row kept, the index partial where the engine can, a second active job per key refused."""
     from sqlalchemy import insert, select
 
-    from scheduler._jobs import new_job_values
+    from scheduler._store.jobs import new_job_values
     from scheduler._store.tables import jobs
 
     engine = app.store.engine
@@ -352,7 +352,7 @@ def test_0004_adds_a_nullable_traceparent_and_keeps_the_jobs(app: Scheduler):
 
     from sqlalchemy import insert, select, update
 
-    from scheduler._jobs import new_job_values
+    from scheduler._store.jobs import new_job_values
     from scheduler._store.tables import jobs
 
     engine = app.store.engine
@@ -382,7 +382,7 @@ def test_0004_adds_a_nullable_traceparent_and_keeps_the_jobs(app: Scheduler):
 
 
 def test_the_dedupe_lookup_uses_the_partial_index(app: Scheduler):
-    from scheduler import _jobs
+    from scheduler._store import jobs as _jobs
 
     app.migrate()
     app.enqueue("h", {}, dedupe_key="k")

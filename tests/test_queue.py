@@ -25,10 +25,11 @@ from helpers_worker import RACE_HANDLER, Clock, race_worker, read_lines
 from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from scheduler import LeaseLost, PayloadError, PermanentError, Scheduler, TaskSpec, _jobs
+from scheduler import LeaseLost, PayloadError, PermanentError, Scheduler, TaskSpec
 from scheduler._handlers import Registry
-from scheduler._jobs import new_job_values
 from scheduler._runner import RunningJob
+from scheduler._store import jobs as _jobs
+from scheduler._store.jobs import new_job_values
 from scheduler._store.tables import jobs, metadata, runs
 
 T0 = datetime(2030, 1, 7, 12, 0, 0, 250_000, tzinfo=UTC)

@@ -400,7 +400,7 @@ def test_a_once_worker_leaves_its_tick_on_record_for_status(app: Scheduler) -> N
     the host's one-shot entry, as `scheduler tick` records it) and warns of nothing."""
 
     from scheduler import TaskSpec
-    from scheduler._health import status
+    from scheduler._store.health import status
 
     app.handler("t.ok", retry_safe=True)(lambda job: None)
     every_minute = TaskSpec(

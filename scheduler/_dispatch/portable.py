@@ -29,9 +29,10 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, insert, literal_column, update
 from sqlalchemy.exc import DBAPIError
 
-from .. import _jobs, _retry, signals
+from .. import _retry, signals
 from .._alerts import Alert, cause, deliver
 from .._store import Store
+from .._store import jobs as _jobs
 from .._store.driver import Prepared, PreparedSet
 from .._store.tables import JobState, jobs, rows
 from .._tick.decide import Action, Decision

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from .. import _cron
-from .._jobs import Job
-from .._rows import TaskRow
+from .._store.jobs import Job
+from .._store.rows import TaskRow
 from . import _queries
 
 if TYPE_CHECKING:
@@ -110,8 +110,8 @@ def task_page(app: Scheduler, name: str, now: datetime) -> dict[str, Any] | None
     """Three statements: the row (with its last job's state), its last job, its last runs."""
     explain = getattr(app, "explain", None)
     with app.store.read() as conn:
-        from .._jobs import get_job
-        from .._rows import get_row
+        from .._store.jobs import get_job
+        from .._store.rows import get_row
 
         row = get_row(conn, name)
         if row is None:

@@ -28,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 
 from .._config import DashboardSettings
 from .._errors import ConfigError, SchedulerError
-from .._jobs import STATES
+from .._store.jobs import STATES
 from . import _queries, _views
 from ._auth import Signer, credentials, credentials_match
 from ._render import HERE, _ago, _environment, _pill, _strip, _when
@@ -255,7 +255,7 @@ def create_app(
     def job(request: Request) -> Response:
         job_id = request.path_params["job_id"]
         with app.store.read() as conn:
-            from .._jobs import get_job, history
+            from .._store.jobs import get_job, history
 
             found = get_job(conn, job_id)
             runs = history(conn, job_id) if found is not None else []

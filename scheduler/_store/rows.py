@@ -10,10 +10,10 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, insert, select, update
 
-from . import _cron
-from ._errors import ConfigError, SchedulerError, UnknownRow
-from ._payload import decode_payload, encode_payload
-from ._store.tables import jobs, rows
+from .. import _cron
+from .._errors import ConfigError, SchedulerError, UnknownRow
+from .._payload import decode_payload, encode_payload
+from .tables import jobs, rows
 
 REASON_MANUAL = "manual"
 REASON_CONFIG = "disabled_in_config"

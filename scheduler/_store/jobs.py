@@ -32,11 +32,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.dml import Update
 from sqlalchemy.sql.elements import BindParameter
 
-from ._errors import SchedulerError
-from ._payload import decode_payload
-from ._retry import retry
-from ._store import Store
-from ._store.tables import JobState, jobs, rows, runs
+from .._errors import SchedulerError
+from .._payload import decode_payload
+from .._retry import retry
+from .engine import Store
+from .tables import JobState, jobs, rows, runs
 
 QUEUED, CLAIMED, SUCCEEDED = JobState.QUEUED, JobState.CLAIMED, JobState.SUCCEEDED
 ABORTED = JobState.ABORTED

@@ -19,13 +19,13 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from . import _rows
-from ._jobs import ABORTED, CLAIMED, QUEUED, STATES
-from ._store import Store
-from ._store.tables import jobs, runs, workers
+from . import rows as _rows
+from .engine import Store
+from .jobs import ABORTED, CLAIMED, QUEUED, STATES
+from .tables import jobs, runs, workers
 
 if TYPE_CHECKING:
-    from ._app import Scheduler
+    from .._app import Scheduler
 
 #: Disables a person or the file asked for; every other reason (failures) is warned about.
 _CHOSEN_DISABLES = (_rows.REASON_MANUAL, _rows.REASON_CONFIG, _rows.REASON_REMOVED)
