@@ -338,7 +338,9 @@ def _job_rows(app: Scheduler) -> list[tuple[Any, ...]]:
 
     from scheduler._store.tables import jobs
 
-    before_0004 = [c for c in jobs.c if c.name != "traceparent"]  # the columns of 0001 to 0003
+    before_0004 = [
+        c for c in jobs.c if c.name not in ("traceparent", "slot", "tenant")
+    ]  # 0001-0003
     with app.store.read() as conn:
         return [tuple(r) for r in conn.execute(select(*before_0004).order_by(jobs.c.id))]
 
@@ -482,3 +484,71 @@ def test_a_schema_newer_than_the_code_says_so(db_url: str) -> None:
                 text(f"UPDATE {VERSION_TABLE} SET version_num = :head"), {"head": head_revision()}
             )
         app.close()
+
+
+# -- revision 0005: policies, decisions, audit, slots, tenants, clock offsets -----------------
+def test_0005_keeps_rows_and_jobs_and_maps_concurrent_to_overlap_allow(app: Scheduler):
+    """Up from 0004 with a concurrent and a plain row and a job, down again, up again: every
+    row and job kept, ``concurrent`` rows become ``overlap = 'allow'``, the others ``hold``, the
+    new tables there and gone after the downgrade, the schema equal to the metadata."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import insert, select
+
+    from scheduler._store.jobs import new_job_values
+    from scheduler._store.tables import jobs, rows
+
+    engine = app.store.engine
+    app.migrate()
+    downgrade(app.store, "0004")
+    assert "scheduler_decisions" not in tables(engine)
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    old_rows = [
+        c
+        for c in rows.c
+        if c.name in {c["name"] for c in inspect(engine).get_columns("scheduler_rows")}
+    ]
+    with app.store.begin() as conn:
+        conn.execute(insert(jobs).values(new_job_values(handler="h", payload="{}", now=now)))
+        for name, concurrent in (("plain", False), ("parallel", True)):
+            conn.execute(
+                insert(rows).values(
+                    name=name,
+                    handler="h",
+                    payload="{}",
+                    cron="* * * * *",
+                    timezone="UTC",
+                    concurrent=concurrent,
+                    enabled=True,
+                    next_run_at=now,
+                    consecutive_failures=0,
+                    version=1,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+    before = _job_rows(app)
+    with app.store.read() as conn:
+        rows_before = conn.execute(select(*old_rows).order_by(rows.c.id)).all()
+    app.migrate()
+    assert current_revision(app.store) == head_revision()
+    assert _job_rows(app) == before
+    with app.store.read() as conn:
+        assert conn.execute(select(*old_rows).order_by(rows.c.id)).all() == rows_before
+        overlap = dict(tuple(r) for r in conn.execute(select(rows.c.name, rows.c.overlap)))
+        assert overlap == {"plain": "hold", "parallel": "allow"}
+        assert [tuple(r) for r in conn.execute(select(rows.c.jitter, rows.c.catchup_window))] == [
+            (0, 0),
+            (0, 0),
+        ]
+        assert [tuple(r) for r in conn.execute(select(jobs.c.slot, jobs.c.tenant))] == [
+            (None, None)
+        ]
+    assert {"scheduler_decisions", "scheduler_audit"} <= tables(engine)
+    downgrade(app.store, "0004")
+    assert _job_rows(app) == before
+    with app.store.read() as conn:
+        assert conn.execute(select(*old_rows).order_by(rows.c.id)).all() == rows_before
+    assert not {"scheduler_decisions", "scheduler_audit"} & tables(engine)
+    app.migrate()
+    assert schema_diff(engine) == []

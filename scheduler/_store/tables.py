@@ -12,6 +12,7 @@ from sqlalchemy import (
     Column,
     DateTime,
     Dialect,
+    Float,
     Index,
     Integer,
     MetaData,
@@ -107,6 +108,9 @@ jobs = Table(
     Column("finished_at", UTCDateTime),
     # The W3C traceparent of the span that enqueued the job (revision 0004), when traced.
     Column("traceparent", String(64)),
+    # The nominal cron instant (before jitter) a dispatched job stands for (revision 0005).
+    Column("slot", UTCDateTime),
+    Column("tenant", String(63)),
     # The claim's scan: lower priority values first (as in Oban), then oldest run_at.
     Index("ix_scheduler_jobs_ready", "state", "queue", "priority", "run_at", "id"),
     # Only jobs with a lease (claimed) or an end (finished) are in these two (revision 0002), so
@@ -115,6 +119,8 @@ jobs = Table(
     Index("ix_scheduler_jobs_finished", "state", "finished_at", **_where("finished_at")),
     # Only jobs with a key are in it (revision 0003): most jobs have none, a dispatch never.
     Index("ux_scheduler_jobs_dedupe", "dedupe_key", unique=True, **_where("dedupe_key")),
+    # A task's jobs, newest first (revision 0005): explain, `jobs --task`, the dashboard.
+    Index("ix_scheduler_jobs_task", "task_name", "id"),
 )
 
 runs = Table(
@@ -128,6 +134,7 @@ runs = Table(
     Column("outcome", String(32), nullable=False),
     Column("error_code", String(200)),
     Column("worker", String(200)),
+    Column("slot", UTCDateTime),
     Index("ix_scheduler_runs_job", "job_id"),
 )
 
@@ -154,8 +161,49 @@ rows = Table(
     Column("version", Integer, nullable=False),
     Column("created_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
+    # Run policies (revision 0005): overlap is hold, skip or allow (``concurrent`` is kept in
+    # step: true exactly when overlap is allow); catchup_window and jitter in seconds, 0 = off.
+    Column("overlap", String(8), nullable=False, server_default="hold"),
+    Column("catchup_window", Integer, nullable=False, server_default="0"),
+    Column("jitter", Integer, nullable=False, server_default="0"),
+    # The slot whose held_back decision is logged: a held-back row writes once per slot.
+    Column("held_slot", UTCDateTime),
+    # The operator's words with a disable (``disable --reason``).
+    Column("disabled_note", String(500)),
+    Column("tenant", String(63)),
     Index("ix_scheduler_rows_due", "enabled", "next_run_at"),
 )
+
+decisions = Table(
+    "scheduler_decisions",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("task_name", UniqueKey, nullable=False),
+    Column("slot", UTCDateTime),
+    Column("decided_at", UTCDateTime, nullable=False),
+    Column("decision", String(32), nullable=False),
+    Column("job_id", Id),
+    Column("reason", String(200)),
+    Column("detail", String(500)),
+    Index("ix_scheduler_decisions_task", "task_name", "id"),
+    Index("ix_scheduler_decisions_at", "decided_at"),
+)
+"""A row's decisions, one entry per slot and outcome (revision 0005)."""
+
+audit = Table(
+    "scheduler_audit",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("at", UTCDateTime, nullable=False),
+    Column("actor", String(200), nullable=False),
+    Column("action", String(32), nullable=False),
+    Column("target", UniqueKey),
+    Column("reason", String(1000)),
+    Column("detail", String(1000)),
+    Index("ix_scheduler_audit_target", "target", "id"),
+    Index("ix_scheduler_audit_at", "at"),
+)
+"""Who did what to which row or job, when and why (revision 0005)."""
 
 workers = Table(
     "scheduler_workers",
@@ -166,4 +214,6 @@ workers = Table(
     Column("started_at", UTCDateTime, nullable=False),
     Column("last_seen_at", UTCDateTime, nullable=False),
     Column("last_tick_at", UTCDateTime),
+    # Seconds the host's clock is ahead of the database's (negative: behind), when measured.
+    Column("clock_offset", Float),
 )
