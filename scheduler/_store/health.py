@@ -140,6 +140,7 @@ def _row(row: _rows.TaskRow) -> dict[str, Any]:
         "consecutive_failures": row.consecutive_failures,
         "disabled_reason": row.disabled_reason,
         # extra keys
+        "disabled_note": row.disabled_note,
         "timezone": row.timezone,
         "next_run_local": local.isoformat() if local else None,
         "cron": row.cron,

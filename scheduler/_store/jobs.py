@@ -36,7 +36,7 @@ from .._errors import SchedulerError
 from .._payload import decode_payload
 from .._retry import retry
 from .engine import Store
-from .tables import JobState, jobs, rows, runs
+from .tables import JobState, decisions, jobs, rows, runs
 
 QUEUED, CLAIMED, SUCCEEDED = JobState.QUEUED, JobState.CLAIMED, JobState.SUCCEEDED
 ABORTED = JobState.ABORTED
@@ -64,6 +64,7 @@ class Job:
     created_at: datetime
     finished_at: datetime | None
     traceparent: str | None = None  # the enqueue's span (OpenTelemetry), when traced
+    slot: datetime | None = None  # the cron instant a task's job stands for (before jitter)
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> Job:
@@ -86,6 +87,7 @@ class Job:
             created_at=m["created_at"],
             finished_at=m["finished_at"],
             traceparent=m.get("traceparent"),
+            slot=m.get("slot"),
         )
 
 
@@ -492,6 +494,39 @@ def history(conn: Connection, job_id: int) -> list[dict[str, Any]]:
     return [dict(r._mapping) for r in conn.execute(stmt)]
 
 
+#: ``scheduler jobs`` lists this many unless told otherwise.
+LIST_LIMIT = 50
+
+
+def list_statement(
+    *,
+    state: str | None = None,
+    task: str | None = None,
+    handler: str | None = None,
+    queue: str | None = None,
+    tenant: str | None = None,
+    limit: int = LIST_LIMIT,
+) -> Select[Any]:
+    """Jobs, newest first (by id). With ``task`` it is a range of the ``(task_name, id)`` index
+    read backwards, ``limit`` entries long: no sort, whatever the table's size."""
+    stmt = select(jobs).order_by(jobs.c.id.desc()).limit(limit)
+    for column, value in (
+        (jobs.c.state, state),
+        (jobs.c.task_name, task),
+        (jobs.c.handler, handler),
+        (jobs.c.queue, queue),
+        (jobs.c.tenant, tenant),
+    ):
+        if value is not None:
+            stmt = stmt.where(column == value)
+    return stmt
+
+
+def list_jobs(conn: Connection, **filters: Any) -> list[Job]:
+    """The jobs :func:`list_statement` selects."""
+    return [Job.from_row(r) for r in conn.execute(list_statement(**filters))]
+
+
 def counts(conn: Connection) -> dict[str, int]:
     stmt = select(jobs.c.state, func.count()).group_by(jobs.c.state)
     found: dict[str, int] = {state: n for state, n in conn.execute(stmt)}
@@ -549,7 +584,9 @@ def requeue(
 ) -> Job:
     """Move an ``aborted`` job back to ``queued`` with its attempts reset (the dead-letter
     requeue). A task's job must be the task's current job (``last_job_id``): it becomes a fresh
-    run of it, handler and payload refreshed from the row, as a rerun in place does.
+    run of it, handler and payload refreshed from the row, as a rerun in place does. A job
+    ``backfill`` made is the other job of a task that may be retried: it runs its slot again,
+    and the row (``last_job_id``, ``consecutive_failures``) is not touched.
 
     One conditional UPDATE (``state = 'aborted'``), its row count checked: a job that changed
     meanwhile is refused, never requeued twice.
@@ -568,7 +605,8 @@ def requeue(
             )
         ).first()
         if row is not None:
-            if row.last_job_id != job_id:
+            backfilled = row.last_job_id != job_id and is_backfilled(conn, job)
+            if row.last_job_id != job_id and not backfilled:
                 raise JobStateError(
                     f"job {job_id} is not the current job of task {job.task_name!r}"
                     f" (job {row.last_job_id}): retry that one, or trigger the task"
@@ -577,14 +615,34 @@ def requeue(
             values.update(
                 handler=row.handler, payload=row.payload, max_attempts=max_attempts, queue=queue
             )
-            condition.append(
-                jobs.c.id.in_(select(rows.c.last_job_id).where(rows.c.name == job.task_name))
-            )
+            if not backfilled:
+                condition.append(
+                    jobs.c.id.in_(select(rows.c.last_job_id).where(rows.c.name == job.task_name))
+                )
     if conn.execute(update(jobs).where(*condition).values(**values)).rowcount != 1:
         raise JobStateError(f"job {job_id} changed meanwhile: nothing retried")
     found = get_job(conn, job_id)
     assert found is not None
     return found
+
+
+def is_backfilled(conn: Connection, job: Job) -> bool:
+    """Whether ``backfill`` made ``job`` (its ``backfilled`` decision names it)."""
+    if job.task_name is None:
+        return False
+    found = conn.execute(
+        select(decisions.c.id)
+        .where(
+            decisions.c.task_name == job.task_name,
+            decisions.c.job_id == job.id,
+            decisions.c.decision == BACKFILLED,
+        )
+        .limit(1)
+    ).first()
+    return found is not None
+
+
+BACKFILLED = "backfilled"
 
 
 def cancel(conn: Connection, job_id: int, *, now: datetime) -> Job:

@@ -43,6 +43,8 @@ class TaskRow:
     version: int
     last_error_code: str | None = None
     """The stable error code of the row's last job (None while it has not failed)."""
+    disabled_note: str | None = None
+    """The operator's words with a disable (``disable --reason``); cleared by ``enable``."""
 
 
 def _select_rows() -> Any:
@@ -72,6 +74,7 @@ def _view(r: Any) -> TaskRow:
         disabled_at=m["disabled_at"],
         version=m["version"],
         last_error_code=m["last_job_error"],
+        disabled_note=m["disabled_note"],
     )
 
 
@@ -108,14 +111,24 @@ def enable(conn: Connection, name: str, now: datetime) -> bool:
         enabled=True,
         disabled_reason=None,
         disabled_at=None,
+        disabled_note=None,
         consecutive_failures=0,
         next_run_at=_cron.next_after(row.cron, row.timezone, now, row.name),
     )
     return True
 
 
-def disable(conn: Connection, name: str, now: datetime, reason: str = REASON_MANUAL) -> None:
-    _write(conn, name, now, enabled=False, disabled_reason=reason, disabled_at=now)
+def disable(
+    conn: Connection,
+    name: str,
+    now: datetime,
+    reason: str = REASON_MANUAL,
+    note: str | None = None,
+) -> None:
+    """Pause the row; ``note`` is the operator's reason (``disabled_note``, shown by status)."""
+    _write(
+        conn, name, now, enabled=False, disabled_reason=reason, disabled_at=now, disabled_note=note
+    )
 
 
 def trigger(conn: Connection, name: str, now: datetime) -> None:
