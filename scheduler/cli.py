@@ -426,7 +426,12 @@ JOBS_HEADER = "ID|TASK|HANDLER|QUEUE|STATE|ATTEMPTS|RUN AT / FINISHED (UTC)|ERRO
 
 
 @cli.command()
-@click.option("--state", "job_state", type=click.Choice(STATES), help="Only jobs in this state.")
+@click.option(
+    "--state",
+    "job_state",
+    type=click.Choice([s.value for s in STATES]),
+    help="Only jobs in this state.",
+)
 @click.option("--task", metavar="NAME", help="Only the jobs of this task.")
 @click.option("--handler", metavar="H", help="Only jobs of this handler.")
 @click.option("--queue", metavar="Q", help="Only jobs of this queue.")
