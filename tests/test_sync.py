@@ -415,7 +415,9 @@ def test_a_first_sync_is_one_read_and_one_insert(sched: Scheduler) -> None:
     sched.check_schema()
     with Statements(sched) as sql:
         assert len(sched.sync(specs(2000)).insert) == 2000
-    assert [s.split()[0] for s in sql.seen] == ["SELECT", "INSERT"], sql.seen
+    # The rows' read, their insert, and the sync's audit entry (SPEC §10), one transaction.
+    assert [s.split()[0] for s in sql.seen] == ["SELECT", "INSERT", "INSERT"], sql.seen
+    assert "scheduler_audit" in sql.seen[2]
     assert len(sched.rows()) == 2000
 
 
