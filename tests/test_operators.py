@@ -393,3 +393,40 @@ def test_jobs_of_a_task_read_the_task_index_not_the_table(db_url: str) -> None:
         assert "Seq Scan" not in plan and "Sort" not in plan, plan
     assert [j.task_name for j in app.jobs(task="task-7")] == ["task-7"] * 50
     app.close()
+
+
+def test_two_retries_at_once_requeue_once_and_audit_once(
+    ops: Scheduler, db_url: str, clock: ManualClock
+) -> None:
+    """Two operators retry one dead job at once, each on its own connection: one wins and
+    writes the one entry; the other is refused and writes none."""
+    import threading
+
+    job_id = ops.enqueue("fails")
+    assert ops.work() == 1 and ops.get_job(job_id).state == "aborted"  # type: ignore[union-attr]
+    other = Scheduler(db_url, registry=Registry(), clock=clock)
+    barrier = threading.Barrier(2)
+    outcomes: list[object] = []
+
+    def retry(app: Scheduler, who: str) -> None:
+        barrier.wait()
+        try:
+            outcomes.append(app.retry_job(job_id, actor=who))
+        except JobStateError as exc:
+            outcomes.append(exc)
+
+    threads = [
+        threading.Thread(target=retry, args=(ops, "ann")),
+        threading.Thread(target=retry, args=(other, "bob")),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    other.close()
+    refused = [o for o in outcomes if isinstance(o, JobStateError)]
+    assert len(refused) == 1, outcomes
+    assert "only an aborted job" in str(refused[0]) or "changed meanwhile" in str(refused[0])
+    (entry,) = ops.audit()
+    assert entry.action == "retry" and entry.actor in ("ann", "bob")
+    assert ops.get_job(job_id).state == "queued"  # type: ignore[union-attr]
