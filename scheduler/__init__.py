@@ -16,6 +16,7 @@ from ._errors import (
     SchemaOutdated,
     UnknownRow,
 )
+from ._runner import RunningJob, current_job
 from ._store.jobs import Job, JobStateError
 from ._store.rows import SyncPlan, TaskRow
 from ._tick import TickReport
@@ -33,6 +34,7 @@ __all__ = [
     "LeaseLost",
     "PayloadError",
     "PermanentError",
+    "RunningJob",
     "Scheduler",
     "SchedulerError",
     "SchemaOutdated",
@@ -42,6 +44,7 @@ __all__ = [
     "TickReport",
     "UnknownRow",
     "__version__",
+    "current_job",
     "default_registry",
     "load_config",
     "signals",

@@ -13,6 +13,7 @@ from sqlalchemy import Connection, bindparam, insert, select, update
 from .. import _cron
 from .._errors import ConfigError, SchedulerError, UnknownRow
 from .._payload import decode_payload, encode_payload
+from .jobs import tenant_problem
 from .tables import jobs, rows
 
 REASON_MANUAL = "manual"
@@ -148,7 +149,15 @@ class SyncPlan:
 
 
 # The columns a task's definition sets, compared in this order against the stored row.
-_DEFINITION = ("handler", "payload", "cron", "timezone", "concurrent", "max_consecutive_failures")
+_DEFINITION = (
+    "handler",
+    "payload",
+    "cron",
+    "timezone",
+    "concurrent",
+    "max_consecutive_failures",
+    "tenant",
+)
 _READ = ("name", *_DEFINITION, "enabled", "disabled_reason")
 _ENABLED, _REASON = len(_DEFINITION) + 1, len(_DEFINITION) + 2
 # A new row's columns, in the order of the tuples sync builds.
@@ -197,6 +206,10 @@ def check_task(task: Any, payload_limit: int) -> tuple[str, str]:
         free = _cron.validate_cron(task.cron, task.name)
         key = "timezone"
         _cron.validate_timezone(task.timezone)
+        key = "tenant"
+        tenant = getattr(task, "tenant", None)
+        if tenant is not None and (problem := tenant_problem(tenant)) is not None:
+            raise ValueError(problem)
         key = "payload"
         return encode_payload(task.payload, payload_limit), free
     except ValueError as exc:
@@ -302,6 +315,7 @@ def sync(
             task.timezone,
             bool(task.concurrent),
             task.max_consecutive_failures,
+            getattr(task, "tenant", None),
         )
         current = existing.get(task.name)
         if current is None:
