@@ -293,6 +293,7 @@ class Worker:
         sync_free -= len(taken) - on_loop
         loop_free -= on_loop
         claimed: list[Job] = []
+        unlooked = False  # a kind of job not looked for (no free slot): not "found nothing"
         if self._events is None or not self._async_names:
             if sync_free > 0:
                 claimed = self.runner.claim(sync_free)
@@ -301,12 +302,14 @@ class Worker:
                 claimed = self.runner.claim(loop_free)
         else:
             names = self._async_names
+            unlooked = loop_free <= 0 or sync_free <= 0
             if loop_free > 0:
                 claimed += self.runner.claim(loop_free, handlers=names)
             if sync_free > 0:
                 claimed += self.runner.claim(sync_free, handlers=names, exclude=True)
         self._submit(pool, claimed)
-        return len(taken) + len(claimed)
+        handed = len(taken) + len(claimed)
+        return None if unlooked and not handed else handed
 
     def _on_loop(self, job: Job) -> bool:
         return self._events is not None and job.handler in self._async_names

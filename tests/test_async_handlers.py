@@ -1,0 +1,339 @@
+"""``async def`` handlers (SPEC §13): app.work(), work_async, the worker's event loop (limits,
+leases, the loop-lag watchdog, cancellation at shutdown), scheduler.testing, current_job()."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from scheduler import RunningJob, Scheduler, SchedulerError, TaskSpec, current_job
+from scheduler._handlers import Registry
+from scheduler._worker import Worker
+from scheduler.testing import ManualClock, drive
+
+
+@pytest.fixture
+def sp_app(db_url_sp: str) -> Iterator[Scheduler]:
+    """A Scheduler with its own registry on SQLite and PostgreSQL."""
+    app = Scheduler(db_url_sp, registry=Registry())
+    yield app
+    app.close()
+
+
+class InFlight:
+    """How many handler runs overlap, at most (counted by the handlers themselves)."""
+
+    def __init__(self) -> None:
+        self.now = self.most = 0
+        self.lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def one(self) -> Iterator[None]:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.now -= 1
+
+
+def states(app: Scheduler, ids: list[int]) -> list[tuple[str, str | None]]:
+    found = [app.get_job(i) for i in ids]
+    return [(j.state, j.last_error_code) for j in found if j is not None]
+
+
+# -- app.work() and work_async ---------------------------------------------------------------
+def test_work_awaits_async_handlers_and_current_job_is_each_runs_own(sp_app: Scheduler) -> None:
+    seen: list[tuple[int, int, int]] = []
+
+    @sp_app.handler("a.sleep")
+    async def sleepy(job: RunningJob) -> None:
+        await asyncio.sleep(0.01)
+
+        async def child() -> int:  # a task it creates copies its context: the same job
+            await asyncio.sleep(0)
+            found = current_job()
+            assert found is not None
+            return found.id
+
+        inner = current_job()
+        assert inner is not None
+        seen.append((job.id, inner.id, await asyncio.create_task(child())))
+
+    ids = [sp_app.enqueue("a.sleep", {"n": n}) for n in range(3)]
+    assert current_job() is None
+    assert sp_app.work() == 3
+    assert seen == [(i, i, i) for i in ids]
+    assert states(sp_app, ids) == [("succeeded", None)] * 3
+    assert current_job() is None
+
+
+def test_one_loop_serves_every_work_call_of_a_scheduler(sp_app: Scheduler) -> None:
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    @sp_app.handler("a.loop")
+    async def which(job: RunningJob) -> None:
+        loops.append(asyncio.get_running_loop())
+
+    for _ in range(2):
+        sp_app.enqueue("a.loop")
+        assert sp_app.work() == 1
+    assert len(loops) == 2 and loops[0] is loops[1]  # a client made in run 1 works in run 2
+
+
+def test_async_failures_retry_or_abandon_with_an_async_hook(sp_app: Scheduler) -> None:
+    abandoned: list[int] = []
+
+    async def hook(job: RunningJob) -> None:
+        await asyncio.sleep(0.01)
+        abandoned.append(job.id)
+
+    @sp_app.handler("a.flaky", retry_safe=True, max_attempts=2)
+    async def flaky(job: RunningJob) -> None:
+        await asyncio.sleep(0)
+        raise ConnectionError("down")
+
+    @sp_app.handler("a.unsafe", abandoned=hook)
+    async def unsafe(job: RunningJob) -> None:
+        await asyncio.sleep(0)
+        raise ValueError("partway")
+
+    retried, lost = sp_app.enqueue("a.flaky"), sp_app.enqueue("a.unsafe")
+    assert sp_app.work() == 2
+    assert states(sp_app, [retried, lost]) == [
+        ("queued", "ConnectionError"),
+        ("aborted", "abandoned"),
+    ]
+    assert abandoned == [lost]
+    assert [r["error_code"] for r in sp_app.history(lost)] == ["ValueError"]
+
+
+def test_a_sync_handler_returning_a_coroutine_is_never_a_success(sp_app: Scheduler) -> None:
+    ran: list[int] = []
+
+    async def body(job: RunningJob) -> None:
+        ran.append(job.id)
+
+    @sp_app.handler("s.forgot", retry_safe=True)
+    def forgot(job: RunningJob) -> Any:
+        return body(job)  # never awaited: closed by the runner (warnings are errors here)
+
+    job = sp_app.enqueue("s.forgot")
+    assert sp_app.work() == 1
+    assert states(sp_app, [job]) == [("aborted", "handler_returned_awaitable")]
+    assert ran == []
+
+
+def test_work_inside_a_running_loop_is_refused_and_work_async_uses_that_loop(
+    sp_app: Scheduler,
+) -> None:
+    loops: list[asyncio.AbstractEventLoop] = []
+    threads: list[str] = []
+
+    @sp_app.handler("a.here")
+    async def here(job: RunningJob) -> None:
+        loops.append(asyncio.get_running_loop())
+
+    @sp_app.handler("s.there")
+    def there(job: RunningJob) -> None:
+        threads.append(threading.current_thread().name)
+
+    async def main() -> tuple[int, asyncio.AbstractEventLoop]:
+        with pytest.raises(SchedulerError, match="work_async"):
+            sp_app.work()
+        sp_app.enqueue("a.here")
+        sp_app.enqueue("s.there")
+        return await sp_app.work_async(), asyncio.get_running_loop()
+
+    handled, loop = asyncio.run(main())
+    assert handled == 2
+    assert loops == [loop]
+    assert threads and threads[0] != threading.main_thread().name  # off the loop's thread
+
+
+def test_an_async_postgresql_query_in_a_handler(pg_url: str) -> None:
+    app = Scheduler(pg_url, registry=Registry())
+    conninfo = app.store.engine.url.set(drivername="postgresql").render_as_string(False)
+    answers: list[tuple[Any, ...]] = []
+
+    @app.handler("a.query")
+    async def query(job: RunningJob) -> None:
+        async with await psycopg.AsyncConnection.connect(conninfo) as conn:
+            cursor = await conn.execute("SELECT pg_sleep(0.05)::text, %s::int", (job.id,))
+            answers.append(tuple(await cursor.fetchone() or ()))
+
+    job = app.enqueue("a.query")
+    assert app.work() == 1
+    assert answers == [("", job)]
+    assert states(app, [job]) == [("succeeded", None)]
+    app.close()
+
+
+def test_testing_drive_runs_an_async_task(tmp_path: Path, sqlite_template: Path) -> None:
+    import shutil
+
+    db = tmp_path / "drive.db"
+    shutil.copy(sqlite_template, db)
+    task = TaskSpec(name="hourly", cron="0 * * * *", handler="a.hourly")
+    clock = ManualClock(datetime(2030, 1, 1, tzinfo=UTC))
+    app = Scheduler(f"sqlite:///{db}", registry=Registry(), tasks=[task], clock=clock)
+    runs: list[str | None] = []
+
+    @app.handler("a.hourly")
+    async def hourly(job: RunningJob) -> None:
+        await asyncio.sleep(0)
+        runs.append(job.task_name)
+
+    app.sync()
+    result = drive(
+        app, datetime(2030, 1, 1, 0, 30, tzinfo=UTC), datetime(2030, 1, 1, 3, 30, tzinfo=UTC)
+    )
+    assert runs == ["hourly"] * 3
+    assert len(result.times("hourly")) == 3
+    app.close()
+
+
+# -- the worker's event loop ------------------------------------------------------------------
+def run_worker(app: Scheduler, **kwargs: Any) -> Worker:
+    worker = Worker(app, **kwargs)
+    worker.run(once=True)
+    return worker
+
+
+@pytest.mark.parametrize("limit", [4, 12])
+def test_the_worker_runs_up_to_async_concurrency_at_once(sp_app: Scheduler, limit: int) -> None:
+    sp_app.worker_settings = replace(sp_app.worker_settings, concurrency=2, async_concurrency=limit)
+    overlap = InFlight()
+
+    @sp_app.handler("a.wait")
+    async def wait(job: RunningJob) -> None:
+        with overlap.one():
+            await asyncio.sleep(0.3)
+
+    ids = [sp_app.enqueue("a.wait") for _ in range(12)]
+    run_worker(sp_app)
+    assert states(sp_app, ids) == [("succeeded", None)] * 12
+    assert overlap.most == limit  # at most the limit, and the loop did fill it
+
+
+def test_sync_and_async_jobs_each_have_their_own_slots(sp_app: Scheduler) -> None:
+    sp_app.worker_settings = replace(sp_app.worker_settings, concurrency=2, async_concurrency=6)
+    threads, loop = InFlight(), InFlight()
+
+    @sp_app.handler("a.wait")
+    async def wait(job: RunningJob) -> None:
+        with loop.one():
+            await asyncio.sleep(0.3)
+
+    @sp_app.handler("s.wait")
+    def block(job: RunningJob) -> None:
+        with threads.one():
+            time.sleep(0.3)
+
+    ids = [sp_app.enqueue(h) for h in ("s.wait", "a.wait") * 6]
+    run_worker(sp_app)
+    assert states(sp_app, ids) == [("succeeded", None)] * 12
+    assert (threads.most, loop.most) == (2, 6)
+
+
+def test_async_jobs_leases_are_renewed_while_they_await(
+    tmp_path: Path, sqlite_template: Path
+) -> None:
+    import shutil
+
+    db = tmp_path / "lease.db"
+    shutil.copy(sqlite_template, db)
+    app = Scheduler(f"sqlite:///{db}", registry=Registry(), lease_seconds=1)
+
+    @app.handler("a.long")
+    async def long(job: RunningJob) -> None:
+        await asyncio.sleep(3)  # three leases long: only the heartbeats keep it
+
+    job = app.enqueue("a.long")
+    run_worker(app)
+    assert states(app, [job]) == [("succeeded", None)]
+    assert [r["outcome"] for r in app.history(job)] == ["succeeded"]  # never lost, never rerun
+    app.close()
+
+
+def test_a_handler_blocking_the_loop_is_logged_by_name(
+    sp_app: Scheduler, caplog: pytest.LogCaptureFixture
+) -> None:
+    @sp_app.handler("a.blocks")
+    async def blocks(job: RunningJob) -> None:
+        time.sleep(1.6)  # blocks the event loop: the watchdog must say who
+
+    @sp_app.handler("a.polite")
+    async def polite(job: RunningJob) -> None:
+        await asyncio.sleep(0.5)
+
+    sp_app.enqueue("a.polite")
+    job = sp_app.enqueue("a.blocks")
+    with caplog.at_level(logging.WARNING, logger="scheduler._loop"):
+        run_worker(sp_app)
+    blocked = [r for r in caplog.records if getattr(r, "action", "") == "event_loop_blocked"]
+    assert len(blocked) == 1, [r.getMessage() for r in blocked]
+    assert (blocked[0].job_id, blocked[0].handler) == (job, "a.blocks")  # type: ignore[attr-defined]
+    assert "'a.blocks'" in blocked[0].getMessage()
+
+
+def test_shutdown_gives_async_jobs_the_grace_then_cancels_them(sp_app: Scheduler) -> None:
+    sp_app.worker_settings = replace(sp_app.worker_settings, shutdown_grace_seconds=2.5)
+    started: list[str] = []
+    abandoned: list[int] = []
+    cancelled: list[str] = []
+
+    async def hook(job: RunningJob) -> None:
+        await asyncio.sleep(0.01)
+        abandoned.append(job.id)
+
+    async def forever(job: RunningJob) -> None:
+        started.append(job.handler)
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.append(job.handler)
+            raise
+
+    sp_app.registry.handler("a.safe", retry_safe=True)(forever)
+    sp_app.registry.handler("a.unsafe", abandoned=hook)(forever)
+
+    @sp_app.handler("a.finishes")
+    async def finishes(job: RunningJob) -> None:
+        started.append(job.handler)
+        await asyncio.sleep(1.0)  # well within the grace
+
+    safe, unsafe = sp_app.enqueue("a.safe"), sp_app.enqueue("a.unsafe")
+    done = sp_app.enqueue("a.finishes")
+    worker = Worker(sp_app)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while len(started) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    worker.stop()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert sorted(cancelled) == ["a.safe", "a.unsafe"]
+    assert states(sp_app, [safe, unsafe, done]) == [
+        ("queued", "worker_stopped"),  # retry-safe: queued again at once
+        ("aborted", "abandoned"),  # not: its (async) abandoned hook ran
+        ("succeeded", None),
+    ]
+    again = sp_app.get_job(safe)
+    assert again is not None and again.attempts == 1 and again.lease_owner is None
+    assert abandoned == [unsafe]
+    assert [r["error_code"] for r in sp_app.history(unsafe)] == ["worker_stopped"]
