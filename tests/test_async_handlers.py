@@ -337,3 +337,151 @@ def test_shutdown_gives_async_jobs_the_grace_then_cancels_them(sp_app: Scheduler
     assert again is not None and again.attempts == 1 and again.lease_owner is None
     assert abandoned == [unsafe]
     assert [r["error_code"] for r in sp_app.history(unsafe)] == ["worker_stopped"]
+
+
+# -- real worker processes: `scheduler worker` (SIGTERM, --once) and a kill -9 mid-await ------
+ASYNC_JOBS_MODULE = """
+import asyncio, pathlib
+from scheduler import default_registry
+
+async def forever(job):
+    pathlib.Path(job.payload["dir"], f"{job.id}.started").touch()
+    await asyncio.sleep(60)
+
+async def note_abandoned(job):
+    await asyncio.sleep(0)
+    pathlib.Path(job.payload["dir"], f"{job.id}.abandoned").touch()
+
+default_registry.handler("a.safe", retry_safe=True)(forever)
+default_registry.handler("a.unsafe", abandoned=note_abandoned)(forever)
+
+@default_registry.handler("a.mark", retry_safe=True)
+async def mark(job):
+    await asyncio.sleep(0.05)
+    pathlib.Path(job.payload["dir"], f"{job.id}.done").touch()
+"""
+
+
+def async_config(tmp_path: Path, url: str, worker: str = "") -> Path:
+    from test_cli import write_config
+
+    (tmp_path / "async_jobs.py").write_text(ASYNC_JOBS_MODULE)
+    config = write_config(tmp_path, url, worker=worker)
+    config.write_text(config.read_text().replace('"cli_jobs"', '"async_jobs"'))
+    return config
+
+
+def wait_for_files(*paths: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        assert time.monotonic() < deadline, f"timed out waiting for {paths}"
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_real_worker_cancels_its_async_jobs_after_the_grace(
+    db_url_sp: str, sp_app: Scheduler, tmp_path: Path
+) -> None:
+    from test_worker import WorkerProcess
+
+    config = async_config(tmp_path, db_url_sp, worker="shutdown_grace_seconds = 0.5\n")
+    payload = {"dir": str(tmp_path)}
+    safe, unsafe = sp_app.enqueue("a.safe", payload), sp_app.enqueue("a.unsafe", payload)
+    worker = WorkerProcess(tmp_path, config)
+    try:
+        wait_for_files(tmp_path / f"{safe}.started", tmp_path / f"{unsafe}.started")
+        assert worker.stop() == 0, worker.output()
+    finally:
+        worker.kill()
+    assert "cancelling async job(s)" in worker.output()
+    assert states(sp_app, [safe, unsafe]) == [
+        ("queued", "worker_stopped"),
+        ("aborted", "abandoned"),
+    ]
+    assert (tmp_path / f"{unsafe}.abandoned").exists()
+    assert not (tmp_path / f"{safe}.abandoned").exists()
+
+
+def test_worker_once_runs_async_handlers(tmp_path: Path, sqlite_template: Path) -> None:
+    import shutil
+
+    from test_cli import run_cli
+
+    db = tmp_path / "once.db"
+    shutil.copy(sqlite_template, db)
+    app = Scheduler(f"sqlite:///{db}", registry=Registry())
+    ids = [app.enqueue("a.mark", {"dir": str(tmp_path)}) for _ in range(3)]
+    config = async_config(tmp_path, f"sqlite:///{db}")
+    result = run_cli(tmp_path, "--config", str(config), "worker", "--once")
+    assert result.returncode == 0, result.stderr
+    assert states(app, ids) == [("succeeded", None)] * 3
+    assert all((tmp_path / f"{i}.done").exists() for i in ids)
+    app.close()
+
+
+VICTIM = """
+import sys
+from scheduler import Scheduler, default_registry
+from scheduler._worker import Worker
+import async_jobs  # registers the handlers
+
+app = Scheduler(sys.argv[1], worker_id="victim", lease_seconds=1)
+Worker(app).run(install_signals=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("retry_safe", [True, False])
+def test_a_worker_killed_mid_await_has_its_job_taken_over(
+    db_url_sp: str, sp_app: Scheduler, tmp_path: Path, retry_safe: bool
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "async_jobs.py").write_text(ASYNC_JOBS_MODULE)
+    (tmp_path / "victim.py").write_text(VICTIM)
+    name = "a.safe" if retry_safe else "a.unsafe"
+    job = sp_app.enqueue(name, {"dir": str(tmp_path)})
+    proc = subprocess.Popen(
+        [sys.executable, "victim.py", db_url_sp],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_files(tmp_path / f"{job}.started")
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(10) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    taken = sp_app.get_job(job)
+    assert taken is not None and (taken.state, taken.lease_owner) == ("claimed", "victim")
+    rescued: list[int] = []
+    rescue_hook: list[int] = []
+
+    async def rescue(job: RunningJob) -> None:
+        await asyncio.sleep(0.01)
+        rescued.append(job.id)
+
+    async def hook(job: RunningJob) -> None:
+        rescue_hook.append(job.id)
+
+    sp_app.registry.handler(name, retry_safe=retry_safe, abandoned=hook)(rescue)
+    time.sleep(1.2)  # the victim's 1-second lease runs out
+    assert sp_app.work() == (1 if retry_safe else 0)
+    outcomes = [(r["outcome"], r["error_code"], r["worker"]) for r in sp_app.history(job)]
+    if retry_safe:
+        assert states(sp_app, [job]) == [("succeeded", None)]
+        assert rescued == [job] and rescue_hook == []
+        assert outcomes == [
+            ("lost", "lease_expired", "victim"),
+            ("succeeded", None, sp_app.worker_id),
+        ]
+    else:
+        assert states(sp_app, [job]) == [("aborted", "abandoned")]
+        assert rescued == [] and rescue_hook == [job]
+        assert outcomes[0] == ("lost", "lease_expired", "victim")
