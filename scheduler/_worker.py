@@ -149,10 +149,12 @@ class Worker:
         self.app.check_schema()
         self._telemetry.open()
         self._touch(force=True)
-        started = f"worker {self.app.worker_id} started (concurrency {self.concurrency})"
-        _log(logging.INFO, "worker_started", started)
-        previous = self._install_signals() if install_signals else {}
         self._start_loop()
+        started = f"worker {self.app.worker_id} started (concurrency {self.concurrency}"
+        if self._events is not None:
+            started += f", async_concurrency {self.async_concurrency} on the event loop"
+        _log(logging.INFO, "worker_started", started + ")")
+        previous = self._install_signals() if install_signals else {}
         pool = ThreadPoolExecutor(max(self.concurrency, 1), thread_name_prefix="scheduler-job")
         beat = threading.Thread(target=self._heartbeat, name="scheduler-heartbeat", daemon=True)
         beat.start()

@@ -485,3 +485,15 @@ def test_a_worker_killed_mid_await_has_its_job_taken_over(
         assert states(sp_app, [job]) == [("aborted", "abandoned")]
         assert rescued == [] and rescue_hook == [job]
         assert outcomes[0] == ("lost", "lease_expired", "victim")
+
+
+def test_the_claim_can_ask_for_some_handlers_jobs_or_for_the_others(app: Scheduler) -> None:
+    """The worker's split claim, on every engine (the portable path on SQLite and MariaDB)."""
+    ids = {h: [app.enqueue(h) for _ in range(3)] for h in ("a.one", "a.two", "s.three")}
+    runner = app.runner()
+    mine = runner.claim(10, handlers={"a.one", "a.two"})
+    assert sorted(j.id for j in mine) == sorted(ids["a.one"] + ids["a.two"])
+    assert runner.claim(10, handlers={"a.one", "a.two"}) == []
+    others = runner.claim(2, handlers={"a.one", "a.two"}, exclude=True)
+    assert [j.id for j in others] == ids["s.three"][:2]
+    assert [j.handler for j in runner.claim(10)] == ["s.three"]
