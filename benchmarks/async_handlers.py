@@ -91,8 +91,7 @@ def enqueue(url: str, handler: str, count: int) -> None:
     app = Scheduler(url, registry=Registry())
     now = datetime.now(UTC)
     values = [
-        new_job_values(handler=handler, payload="{}", now=now, max_attempts=3)
-        for _ in range(count)
+        new_job_values(handler=handler, payload="{}", now=now, max_attempts=3) for _ in range(count)
     ]
     with app.store.begin() as conn:
         for start in range(0, count, 2000):
