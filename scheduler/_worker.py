@@ -132,6 +132,7 @@ class Worker:
         self._async_names: frozenset[str] = frozenset()
         self._sync_handlers = True  # any sync handler registered (else claim async only)
         self._async: set[int] = set()  # the running jobs that run on the loop
+        self._awaiting: set[int] = set()  # those whose handler has not returned yet
         self._recorder = Recorder(self.runner)
         self._telemetry = Telemetry(app)
         self._running: dict[int, Future[None] | None] = {}  # None: on the event loop
@@ -280,9 +281,14 @@ class Worker:
         claim asks for the async handlers' jobs and for the others separately (one claim when
         only one kind is registered), so neither kind is claimed to wait behind the other."""
         with self._lock:
-            running_async = len(self._async)
+            running_async, awaiting = len(self._async), len(self._awaiting)
             sync_free = self._capacity() - (len(self._running) - running_async)
-        loop_free = self.async_concurrency - running_async if self._events is not None else 0
+        # An async slot is free once its handler returned (its outcome waits for the
+        # recorder, its lease still renewed), up to as many again waiting to be written.
+        loop_free = 0
+        if self._events is not None:
+            limit = self.async_concurrency
+            loop_free = min(limit - awaiting, 2 * limit - running_async)
         if self._events is not None and not self._sync_handlers:
             sync_free = 0  # every known handler is async: the threads only see unknown ones
         sync_free, loop_free = max(sync_free, 0), max(loop_free, 0)
@@ -321,6 +327,7 @@ class Worker:
             with self._lock:
                 if self._events is not None and self._on_loop(job):
                     self._async.add(job.id)
+                    self._awaiting.add(job.id)
                     self._running[job.id] = None
                     unstarted = functools.partial(self._release, job.id, ran=False)
                     self._events.start_job(job, self._run_async_job(job), unstarted)
@@ -342,6 +349,9 @@ class Worker:
             )
             self._release(job.id)
             return
+        with self._lock:
+            self._awaiting.discard(job.id)
+        self._wake.set()  # a slot is free: the main thread may claim
         self._recorder.submit(outcome, self._when_recorded(job, began))
 
     def _when_recorded(self, job: Job, began: float) -> Callable[[str], None]:
@@ -381,6 +391,7 @@ class Worker:
             self._handled += ran
             self._running.pop(job_id, None)
             self._async.discard(job_id)
+            self._awaiting.discard(job_id)
         self._wake.set()
 
     def _housekeeping(self) -> None:
