@@ -285,9 +285,10 @@ def test_a_handler_blocking_the_loop_is_logged_by_name(
     with caplog.at_level(logging.WARNING, logger="scheduler._loop"):
         run_worker(sp_app)
     blocked = [r for r in caplog.records if getattr(r, "action", "") == "event_loop_blocked"]
-    assert len(blocked) == 1, [r.getMessage() for r in blocked]
-    assert (blocked[0].job_id, blocked[0].handler) == (job, "a.blocks")  # type: ignore[attr-defined]
-    assert "'a.blocks'" in blocked[0].getMessage()
+    # One episode, one line; a busy machine may add an episode of its own (no job named).
+    named = [r for r in blocked if getattr(r, "handler", None) is not None]
+    assert [(r.job_id, r.handler) for r in named] == [(job, "a.blocks")]  # type: ignore[attr-defined]
+    assert "'a.blocks'" in named[0].getMessage() and f"job {job}" in named[0].getMessage()
 
 
 def test_shutdown_gives_async_jobs_the_grace_then_cancels_them(sp_app: Scheduler) -> None:
