@@ -41,3 +41,24 @@ def test_dispatched_and_rerun_jobs_carry_the_rows_tenant(app: Scheduler) -> None
     row = app.get_row("acme-hourly")
     assert row is not None and row.last_job_id is not None
     assert app.get_job(row.last_job_id).tenant == "globex"  # type: ignore[union-attr]
+
+
+def test_retry_job_of_a_tasks_job_takes_the_rows_tenant(app: Scheduler) -> None:
+    start = datetime(2030, 1, 1, tzinfo=UTC)
+    task = TaskSpec(name="acme-hourly", cron="0 * * * *", handler="t.fails", tenant="acme")
+    app.clock = lambda: start
+    app.sync([task])
+
+    @app.handler("t.fails", max_attempts=1)
+    def fails(job: RunningJob) -> None:
+        raise RuntimeError("down")
+
+    hour = start + timedelta(hours=1)
+    app.clock = lambda: hour
+    assert app.tick(hour).dispatched == ["acme-hourly"]
+    assert app.work() == 1
+    app.sync([replace(task, tenant="initech")])
+    row = app.get_row("acme-hourly")
+    assert row is not None and row.last_job_id is not None
+    assert app.get_job(row.last_job_id).tenant == "acme"  # type: ignore[union-attr]
+    assert app.retry_job(row.last_job_id).tenant == "initech"

@@ -613,7 +613,7 @@ def requeue(
     condition = [jobs.c.id == job_id, jobs.c.state == ABORTED]
     if job.task_name is not None:
         row = conn.execute(
-            select(rows.c.handler, rows.c.payload, rows.c.last_job_id).where(
+            select(rows.c.handler, rows.c.payload, rows.c.last_job_id, rows.c.tenant).where(
                 rows.c.name == job.task_name
             )
         ).first()
@@ -625,7 +625,11 @@ def requeue(
                 )
             max_attempts, queue = job_defaults(row.handler)
             values.update(
-                handler=row.handler, payload=row.payload, max_attempts=max_attempts, queue=queue
+                handler=row.handler,
+                payload=row.payload,
+                max_attempts=max_attempts,
+                queue=queue,
+                tenant=row.tenant,
             )
             condition.append(
                 jobs.c.id.in_(select(rows.c.last_job_id).where(rows.c.name == job.task_name))
