@@ -498,3 +498,27 @@ def test_the_claim_can_ask_for_some_handlers_jobs_or_for_the_others(app: Schedul
     others = runner.claim(2, handlers={"a.one", "a.two"}, exclude=True)
     assert [j.id for j in others] == ids["s.three"][:2]
     assert [j.handler for j in runner.claim(10)] == ["s.three"]
+
+
+def test_a_sync_handlers_async_abandoned_hook_runs_on_the_workers_loop(
+    sp_app: Scheduler,
+) -> None:
+    loops: list[tuple[str, asyncio.AbstractEventLoop]] = []
+
+    async def hook(job: RunningJob) -> None:
+        await asyncio.sleep(0)
+        loops.append(("hook", asyncio.get_running_loop()))
+
+    @sp_app.handler("s.unsafe", abandoned=hook)
+    def unsafe(job: RunningJob) -> None:
+        raise ValueError("partway")
+
+    @sp_app.handler("a.mark")
+    async def mark(job: RunningJob) -> None:
+        loops.append(("handler", asyncio.get_running_loop()))
+
+    ids = [sp_app.enqueue("s.unsafe"), sp_app.enqueue("a.mark")]
+    run_worker(sp_app)
+    assert states(sp_app, ids) == [("aborted", "abandoned"), ("succeeded", None)]
+    assert sorted(kind for kind, _ in loops) == ["handler", "hook"]
+    assert loops[0][1] is loops[1][1]  # one event loop per worker process
