@@ -8,6 +8,7 @@ changes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -543,4 +544,23 @@ def test_python_tasks_get_the_files_name_rules(
         sched.sync([TaskSpec("a", "*/5 * * * *", "ok", {}, "UTC"), spec])
     message = str(raised.value)
     assert f"key '{key}'" in message and fragment in message, message
+    assert snapshot(sched) == state
+
+
+def test_an_unchanged_task_is_checked_again_where_the_rules_can_have_moved(
+    sched: Scheduler,
+) -> None:
+    """A re-sync skips the name, cron and timezone checks of a task whose handler, cron and
+    zone equal its stored row's (they passed them when written), but never the payload's:
+    under a lower limit an unchanged payload fails the sync, naming task and key."""
+    big = TaskSpec("big", "0 3 * * *", "ok", {"text": "x" * 200}, "UTC")
+    sched.sync([big, *specs(5)])
+    state = snapshot(sched)
+    sched.settings = dataclasses.replace(sched.settings, payload_limit_bytes=100)
+    with pytest.raises(ConfigError, match=r"^task 'big': key 'payload': payload is \d+ bytes"):
+        sched.sync([big, *specs(5)])
+    assert snapshot(sched) == state
+    # A changed cron on a stored row goes through the full check again.
+    with pytest.raises(ConfigError, match=r"^task 'c-000001': key 'cron': invalid cron"):
+        sched.sync([*specs(5)[:1], TaskSpec("c-000001", "0 25 * * *", "ok", {}, "UTC")])
     assert snapshot(sched) == state
