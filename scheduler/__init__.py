@@ -17,6 +17,7 @@ from ._errors import (
     SchemaOutdated,
     UnknownRow,
 )
+from ._runner import RunningJob, current_job
 from ._store.audit import AuditEntry
 from ._store.jobs import Job, JobStateError
 from ._store.rows import SyncPlan, TaskRow
@@ -37,6 +38,7 @@ __all__ = [
     "LeaseLost",
     "PayloadError",
     "PermanentError",
+    "RunningJob",
     "Scheduler",
     "SchedulerError",
     "SchemaOutdated",
@@ -46,6 +48,7 @@ __all__ = [
     "TickReport",
     "UnknownRow",
     "__version__",
+    "current_job",
     "default_registry",
     "load_config",
     "signals",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
 import socket
+import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -27,7 +29,7 @@ from ._config import (
     normalize_database_url,
 )
 from ._errors import ConfigError, SchedulerError, SchemaOutdated
-from ._handlers import AbandonedHook, F, Registry
+from ._handlers import AbandonedHook, F, Registry, TenantContext
 from ._payload import encode_payload
 from ._retry import retry
 from ._runner import Runner
@@ -161,6 +163,8 @@ class Scheduler:
         self._schema_ok = False
         self.dashboard_settings = DashboardSettings()  # the file's [dashboard], if any
         self._tick_recorded_at: datetime | None = None
+        self._loop: asyncio.Runner | None = None  # app.work()'s loop for async handlers
+        self._loop_lock = threading.Lock()
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str], **kwargs: Any) -> Scheduler:
@@ -198,6 +202,14 @@ class Scheduler:
         return self.registry.handler(
             name, retry_safe=retry_safe, max_attempts=max_attempts, abandoned=abandoned, queue=queue
         )
+
+    def tenant_context(self, factory: TenantContext) -> TenantContext:
+        """Register ``factory``, ``(tenant) -> context manager`` (sync, or async for ``async
+        def`` handlers), entered around every run of a job that has a tenant (a decorator).
+
+        A context that fails to enter fails that run with code ``tenant_context_failed``; the
+        handler does not start, and the attempt is retried while attempts remain."""
+        return self.registry.set_tenant_context(factory)
 
     def _job_defaults(self, handler: str) -> tuple[int, str]:
         found = self.registry.get(handler)
@@ -398,12 +410,19 @@ class Scheduler:
         dedupe_key: str | None = None,
         queue: str | None = None,
         max_attempts: int | None = None,
+        tenant: str | None = None,
     ) -> int:
         """Add a job; returns its id (with a ``dedupe_key``: the active job's id if any).
 
+        ``tenant`` (1-63 ASCII letters, digits, ``_``, ``-``; a letter or digit first) is whose
+        job it is: ``job.tenant``, and the ``@app.tenant_context`` is entered around its runs.
+
         Raises :class:`PayloadError` for a bad payload, ``ValueError`` for ``max_attempts``
-        below 1 or a ``handler``, ``queue`` or ``dedupe_key`` longer than its column.
+        below 1, a bad ``tenant``, or a ``handler``, ``queue`` or ``dedupe_key`` longer than
+        its column.
         """
+        if tenant is not None:
+            _jobs.check_tenant(tenant)
         text = encode_payload(payload, self.settings.payload_limit_bytes)
         default_attempts, default_queue = self._job_defaults(handler)
         if max_attempts is not None and max_attempts < 1:
@@ -419,6 +438,7 @@ class Scheduler:
             dedupe_key=dedupe_key,
             queue=queue,
             max_attempts=max_attempts or default_attempts,
+            tenant=tenant,
         )
         with _tracing.enqueue_span(handler, queue) as span:  # OpenTelemetry, if configured
             values.update(span.fields)
@@ -581,12 +601,37 @@ class Scheduler:
             backoff_base=timedelta(seconds=self.settings.backoff_base_seconds),
             backoff_max=timedelta(seconds=self.settings.backoff_max_seconds),
             queues=w.queues,
+            coroutine_runner=self._run_coroutine,
         )
 
+    def _run_coroutine(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Run ``coro`` on this Scheduler's own event loop (made at first use, kept until
+        :meth:`close`, so clients an async handler keeps between runs stay on one loop)."""
+        with self._loop_lock:  # one loop, one run at a time (app.work() from many threads)
+            if self._loop is None:
+                self._loop = asyncio.Runner()
+            return self._loop.run(coro)
+
     def work(self, limit: int | None = None) -> int:
-        """Run ready jobs in this thread until none is ready; returns how many were handled."""
+        """Run ready jobs in this thread until none is ready; returns how many were handled.
+
+        ``async def`` handlers run on this Scheduler's own event loop. Called where an event
+        loop is running (inside ``async def`` code) while async handlers are registered, it
+        raises :class:`SchedulerError`: await :meth:`work_async` there instead.
+        """
+        if self.registry.async_names() and _loop_running():
+            raise SchedulerError(
+                "app.work() was called inside a running event loop and async handlers are"
+                " registered: use `await app.work_async()` there (or call work() from a thread)"
+            )
         self.check_schema()
         return self.runner().work(limit)
+
+    async def work_async(self, limit: int | None = None) -> int:
+        """:meth:`work` from ``async def`` code: async handlers run on the calling event loop
+        (so they share its clients), sync ones and the database writes in threads."""
+        await asyncio.to_thread(self.check_schema)
+        return await self.runner().work_async(limit)
 
     def purge(self) -> int:
         """Delete old succeeded (and much older aborted) jobs and their history."""
@@ -608,4 +653,16 @@ class Scheduler:
         return _health.status(self)
 
     def close(self) -> None:
+        with self._loop_lock:
+            if self._loop is not None:
+                self._loop.close()
+                self._loop = None
         self.store.dispose()
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

@@ -435,6 +435,7 @@ JOBS_HEADER = "ID|TASK|HANDLER|QUEUE|STATE|ATTEMPTS|RUN AT / FINISHED (UTC)|ERRO
 @click.option("--task", metavar="NAME", help="Only the jobs of this task.")
 @click.option("--handler", metavar="H", help="Only jobs of this handler.")
 @click.option("--queue", metavar="Q", help="Only jobs of this queue.")
+@click.option("--tenant", metavar="T", help="Only jobs of this tenant.")
 @click.option(
     "--limit",
     type=click.IntRange(min=1),
@@ -451,11 +452,14 @@ def jobs(
     task: str | None,
     handler: str | None,
     queue: str | None,
+    tenant: str | None,
     limit: int,
     as_json: bool,
 ) -> None:
     """List jobs, newest first (--task reads the task's index: fast at any size)."""
-    found = state.open().jobs(state=job_state, task=task, handler=handler, queue=queue, limit=limit)
+    found = state.open().jobs(
+        state=job_state, task=task, handler=handler, queue=queue, tenant=tenant, limit=limit
+    )
     if as_json:
         click.echo(json.dumps({"jobs": [_job_dict(j) for j in found]}, indent=2))
         return

@@ -145,6 +145,10 @@ def test_jobs_and_job(cli: Cli, app: Scheduler) -> None:
     assert len(json.loads(cli.ok("jobs", "--limit", "1", "--json"))["jobs"]) == 1
     assert len(json.loads(cli.ok("jobs", "--state", "succeeded", "--json"))["jobs"]) == 1
     assert json.loads(cli.ok("jobs", "--handler", "fails", "--json"))["jobs"][0]["id"] == second
+    acme = app.enqueue("works", tenant="acme")
+    found = json.loads(cli.ok("jobs", "--tenant", "acme", "--json"))["jobs"]
+    assert [(j["id"], j["tenant"]) for j in found] == [(acme, "acme")]
+    assert cli.ok("jobs", "--tenant", "globex") == "no jobs\n"
     code, _, err = cli("jobs", "--state", "dead")
     assert code == 2 and "'dead' is not one of" in err  # click's usage error
     shown = cli.ok("job", str(first))

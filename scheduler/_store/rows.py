@@ -13,6 +13,7 @@ from sqlalchemy import Connection, bindparam, insert, select, update
 from .. import _cron
 from .._errors import ConfigError, SchedulerError, UnknownRow
 from .._payload import decode_payload, encode_payload
+from .jobs import tenant_problem
 from .tables import jobs, rows
 
 REASON_MANUAL = "manual"
@@ -161,7 +162,15 @@ class SyncPlan:
 
 
 # The columns a task's definition sets, compared in this order against the stored row.
-_DEFINITION = ("handler", "payload", "cron", "timezone", "concurrent", "max_consecutive_failures")
+_DEFINITION = (
+    "handler",
+    "payload",
+    "cron",
+    "timezone",
+    "concurrent",
+    "max_consecutive_failures",
+    "tenant",
+)
 _READ = ("name", *_DEFINITION, "enabled", "disabled_reason")
 _ENABLED, _REASON = len(_DEFINITION) + 1, len(_DEFINITION) + 2
 # A new row's columns, in the order of the tuples sync builds.
@@ -215,6 +224,9 @@ def check_task(task: Any, payload_limit: int, stored: Any = None) -> tuple[str, 
     the payload is checked and the H-free form is None: nothing needs the next slot of a
     schedule that did not change. The payload is always checked: the limit may have changed.
     """
+    tenant = getattr(task, "tenant", None)  # checked on both paths: it may have changed
+    if tenant is not None and (problem := tenant_problem(tenant)) is not None:
+        raise ConfigError(f"task {task.name!r}: key 'tenant': {problem}")
     if (
         stored is not None
         and stored[1] == task.handler
@@ -342,6 +354,7 @@ def sync(
             task.timezone,
             bool(task.concurrent),
             task.max_consecutive_failures,
+            getattr(task, "tenant", None),
         )
         current = existing.get(task.name)
         if current is None:
