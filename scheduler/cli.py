@@ -507,6 +507,7 @@ def job(state: State, job_id: int, as_json: bool) -> None:
     fields = [
         ("job", str(found.id)),
         ("task", found.task_name or "-"),
+        ("tenant", found.tenant or "-"),
         ("handler", found.handler),
         ("queue", f"{found.queue} (priority {found.priority})"),
         ("state", found.state),
