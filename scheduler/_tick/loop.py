@@ -35,8 +35,41 @@ _random = random.Random()  # where a tick that met another goes on; not a secret
 
 
 def next_slot(row: DueRow, now: datetime) -> datetime:
-    """The row's first cron slot after `now`, in its timezone."""
-    return _cron.next_after(row.cron, row.timezone, now, row.name)
+    """The row's next ``next_run_at``: its first cron slot after `now`, in its timezone (with
+    its jitter, the first slot whose delayed instant is after `now`)."""
+    if not row.jitter:
+        return _cron.next_after(row.cron, row.timezone, now, row.name)
+    return _cron.next_run(row.cron, row.timezone, row.name, now, row.jitter)
+
+
+def nominal_slot(row: DueRow) -> datetime:
+    """The slot the row's ``next_run_at`` stands for (the same instant without jitter)."""
+    if not row.jitter:
+        return row.next_run_at
+    return _cron.slot_of(row.cron, row.timezone, row.name, row.next_run_at, row.jitter)
+
+
+MAX_COUNTED = 1000
+"""Coalesced slots are counted up to this many (a per-second task down for a day)."""
+
+
+def passed(row: DueRow, slot: datetime, now: datetime) -> int:
+    """How many of the row's slots after `slot` were due by `now` (merged into this run)."""
+    count = 0
+    at = _cron.next_after(row.cron, row.timezone, slot, row.name)  # shared by a burst's rows
+    while at <= now and count < MAX_COUNTED:
+        if at + _cron.jitter_delay(row.name, at, row.jitter) <= now:
+            count += 1
+        at = _cron.next_after(row.cron, row.timezone, at, row.name)
+    return count
+
+
+def dst_cases(row: DueRow, now: datetime, following: datetime) -> tuple[tuple[str, datetime], ...]:
+    """The DST cases between `now` and the row's next slot (``following``, jittered)."""
+    slot = following
+    if row.jitter:
+        slot = _cron.slot_of(row.cron, row.timezone, row.name, following, row.jitter)
+    return _cron.dst_notes(row.cron, row.timezone, row.name, now, slot)
 
 
 def tick(
@@ -100,6 +133,9 @@ def _carry_out(
                 work.now,
                 max_consecutive_failures=max_consecutive_failures,
                 next_slot=next_slot,
+                slot=nominal_slot(row) if row.jitter else None,
+                passed=passed,
+                dst=dst_cases,
             )
         except Exception as exc:  # carry out the rows before it, then raise
             failure = exc
