@@ -15,7 +15,7 @@ from sqlalchemy import URL, Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
-from . import _alerts, _migrate, _tick, _tracing
+from . import _alerts, _migrate, _tick, _tracing, signals
 from ._config import (
     AppConfig,
     DashboardSettings,
@@ -32,6 +32,7 @@ from ._payload import encode_payload
 from ._retry import retry
 from ._runner import Runner
 from ._store import Store, make_engine
+from ._store import decisions as _decisions
 from ._store import health as _health
 from ._store import jobs as _jobs
 from ._store import rows as _rows
@@ -286,7 +287,17 @@ class Scheduler:
 
     def enable(self, name: str) -> bool:
         """Re-enable a disabled row (count reset, re-armed from now); False if it was enabled."""
-        return retry(f"enable {name}", lambda: self._in_transaction(_rows.enable, name))
+        paused: list[tuple[datetime, str]] = []
+
+        def attempt() -> bool:
+            paused.clear()
+            with self.store.begin() as conn:
+                return _rows.enable(conn, name, self.clock(), paused)
+
+        enabled = retry(f"enable {name}", attempt)
+        for slot, reason in paused:  # after the commit (SPEC §9)
+            signals.send(signals.slot_skipped, name, slot=slot, decision="paused", reason=reason)
+        return enabled
 
     def disable(self, name: str) -> None:
         retry(f"disable {name}", lambda: self._in_transaction(_rows.disable, name))
@@ -406,9 +417,14 @@ class Scheduler:
 
         def attempt() -> int:
             with self.store.begin() as conn:
+                now = self.clock()
+                # The decision log is kept as long as the jobs it can name (the longer of the
+                # two retentions).
+                days = max(w.purge_succeeded_after_days, w.purge_aborted_after_days)
+                _decisions.purge(conn, before=now - timedelta(days=days))
                 return _jobs.purge(
                     conn,
-                    now=self.clock(),
+                    now=now,
                     succeeded_after=timedelta(days=w.purge_succeeded_after_days),
                     aborted_after=timedelta(days=w.purge_aborted_after_days),
                 )

@@ -64,6 +64,7 @@ class Job:
     created_at: datetime
     finished_at: datetime | None
     traceparent: str | None = None  # the enqueue's span (OpenTelemetry), when traced
+    slot: datetime | None = None  # the nominal cron instant a task's job stands for
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> Job:
@@ -86,6 +87,7 @@ class Job:
             created_at=m["created_at"],
             finished_at=m["finished_at"],
             traceparent=m.get("traceparent"),
+            slot=m.get("slot"),
         )
 
 
@@ -479,6 +481,7 @@ def _run_values(
         "outcome": outcome,
         "error_code": error_code,
         "worker": worker,
+        "slot": job.slot,
     }
 
 

@@ -11,8 +11,10 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, insert, select, update
 
 from .. import _cron
+from .._config import overlap_problem
 from .._errors import ConfigError, SchedulerError, UnknownRow
 from .._payload import decode_payload, encode_payload
+from . import decisions as _decisions
 from .tables import jobs, rows
 
 REASON_MANUAL = "manual"
@@ -43,6 +45,12 @@ class TaskRow:
     version: int
     last_error_code: str | None = None
     """The stable error code of the row's last job (None while it has not failed)."""
+    overlap: str = "hold"
+    """While the last job is in flight: hold, skip or allow (``concurrent`` is allow)."""
+    catchup_window: int = 0
+    """Seconds a slot may be late before it is missed; 0: unlimited."""
+    jitter: int = 0
+    """Seconds of deterministic delay range per slot; 0: none."""
 
 
 def _select_rows() -> Any:
@@ -72,6 +80,9 @@ def _view(r: Any) -> TaskRow:
         disabled_at=m["disabled_at"],
         version=m["version"],
         last_error_code=m["last_job_error"],
+        overlap=m["overlap"],
+        catchup_window=m["catchup_window"],
+        jitter=m["jitter"],
     )
 
 
@@ -94,8 +105,36 @@ def _write(conn: Connection, name: str, now: datetime, **values: Any) -> None:
         raise UnknownRow(f"no task named {name!r} (run `scheduler sync`?)")
 
 
-def enable(conn: Connection, name: str, now: datetime) -> bool:
-    """Re-enable: reset the failure count and re-arm from now."""
+PAUSED_LOGGED = 100
+"""Slots passed while disabled that get an entry each; the rest are counted in the last one."""
+_PAUSED_COUNTED = 10_000
+
+
+def paused_slots(row: TaskRow, now: datetime) -> tuple[list[datetime], int]:
+    """The slots of a disabled `row` that passed by `now` (from the one it was due at when
+    disabled): the first :data:`PAUSED_LOGGED`, and how many more (counted up to 10,000)."""
+    if row.next_run_at is None:
+        return [], 0
+    slot = _cron.slot_of(row.cron, row.timezone, row.name, row.next_run_at, row.jitter)
+    found: list[datetime] = []
+    more = 0
+    while slot <= now and more < _PAUSED_COUNTED:
+        if len(found) < PAUSED_LOGGED:
+            found.append(slot)
+        else:
+            more += 1
+        slot = _cron.next_after(row.cron, row.timezone, slot, row.name)
+    return found, more
+
+
+def enable(
+    conn: Connection,
+    name: str,
+    now: datetime,
+    paused: list[tuple[datetime, str]] | None = None,
+) -> bool:
+    """Re-enable: reset the failure count and re-arm from now. The slots that passed while the
+    row was disabled are logged as ``paused`` (and appended to `paused`, for the signals)."""
     row = get_row(conn, name)
     if row is None:
         raise UnknownRow(f"no task named {name!r} (run `scheduler sync`?)")
@@ -109,8 +148,18 @@ def enable(conn: Connection, name: str, now: datetime) -> bool:
         disabled_reason=None,
         disabled_at=None,
         consecutive_failures=0,
-        next_run_at=_cron.next_after(row.cron, row.timezone, now, row.name),
+        next_run_at=_cron.next_run(row.cron, row.timezone, row.name, now, row.jitter),
     )
+    slots, more = paused_slots(row, now)
+    reason = row.disabled_reason or REASON_MANUAL
+    entries = [
+        _decisions.entry_params(name, "paused", slot, now, None, reason, None) for slot in slots
+    ]
+    if more:
+        entries[-1]["d_detail"] = f"and {more:,}{'+' if more >= _PAUSED_COUNTED else ''} more"
+    _decisions.write(conn, entries)
+    if paused is not None:
+        paused.extend((slot, reason) for slot in slots)
     return True
 
 
@@ -126,6 +175,7 @@ def trigger(conn: Connection, name: str, now: datetime) -> None:
     if not row.enabled:
         raise SchedulerError(f"task {name!r} is disabled ({row.disabled_reason}): enable it first")
     _write(conn, name, now, next_run_at=now)
+    _decisions.record(conn, name, "triggered", now, now, reason=REASON_MANUAL)
 
 
 # -- sync ---------------------------------------------------------------------------------
@@ -148,7 +198,10 @@ class SyncPlan:
 
 
 # The columns a task's definition sets, compared in this order against the stored row.
-_DEFINITION = ("handler", "payload", "cron", "timezone", "concurrent", "max_consecutive_failures")
+_DEFINITION: tuple[str, ...] = ("handler", "payload", "cron", "timezone", "concurrent")
+_DEFINITION += ("max_consecutive_failures", "overlap", "catchup_window", "jitter")
+# A change of one of these moves ``next_run_at``.
+_SCHEDULE = ("cron", "timezone", "jitter")
 _READ = ("name", *_DEFINITION, "enabled", "disabled_reason")
 _ENABLED, _REASON = len(_DEFINITION) + 1, len(_DEFINITION) + 2
 # A new row's columns, in the order of the tuples sync builds.
@@ -169,6 +222,7 @@ _PLACEHOLDER = {"qmark": "?", "format": "%s", "pyformat": "%s"}
 
 
 _MAX_NAME = 200  # the name and handler columns' length
+_MAX_INT = 2**31 - 1  # an INTEGER column on every engine
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # Unicode category Cc
 
 
@@ -197,6 +251,17 @@ def check_task(task: Any, payload_limit: int) -> tuple[str, str]:
         free = _cron.validate_cron(task.cron, task.name)
         key = "timezone"
         _cron.validate_timezone(task.timezone)
+        key = "overlap"
+        contradiction = overlap_problem(getattr(task, "overlap", None), task.concurrent)
+        if contradiction is not None:
+            key = contradiction[0]
+            raise ValueError(contradiction[1])
+        for key in ("catchup_window", "jitter"):
+            value = getattr(task, key, 0)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"expected an integer number of seconds, got {value!r}")
+            if not 0 <= value <= _MAX_INT:
+                raise ValueError(f"must be from 0 to {_MAX_INT} seconds, got {value}")
         key = "payload"
         return encode_payload(task.payload, payload_limit), free
     except ValueError as exc:
@@ -259,6 +324,8 @@ class _Slots:
         self.found: dict[tuple[str, str, str], datetime] = {}
 
     def next(self, task: Any, free: str) -> datetime:
+        if task.jitter:  # a delay of its own per task
+            return _cron.next_run(task.cron, task.timezone, task.name, self.now, task.jitter)
         key = (task.cron, task.timezone, free)
         slot = self.found.get(key)
         if slot is None:
@@ -300,8 +367,11 @@ def sync(
             payload,
             task.cron,
             task.timezone,
-            bool(task.concurrent),
+            task.policy == "allow",  # concurrent: kept in step with overlap
             task.max_consecutive_failures,
+            task.policy,
+            task.catchup_window,
+            task.jitter,
         )
         current = existing.get(task.name)
         if current is None:
@@ -332,7 +402,7 @@ def sync(
                 )
                 if old != value
             }
-            if "cron" in changes or "timezone" in changes:
+            if any(key in changes for key in _SCHEDULE):
                 changes["next_run_at"] = None  # computed below, unless dry
         was_enabled = bool(current[_ENABLED])
         if task.enabled and not was_enabled and current[_REASON] in _CONFIG_REASONS:
