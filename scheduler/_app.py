@@ -431,6 +431,19 @@ class Scheduler:
 
         return retry("purge", attempt)
 
+    def explain(self, name: str) -> dict[str, Any]:
+        """Why the task ran or did not, and what comes next: the data of ``scheduler explain
+        NAME --json`` (the state in one sentence, the policies, the next 10 fires, the last 20
+        decisions, the last 10 runs). Raises :class:`~scheduler.UnknownRow` for an unknown name.
+        """
+        from . import _explain
+
+        self.check_schema()
+        with self.store.read() as conn:
+            return _explain.explain(
+                conn, name, self.clock(), self.settings.max_consecutive_failures
+            )
+
     def status(self) -> dict[str, Any]:
         """Rows, job counts and health: the data of ``scheduler status --json``."""
         return _health.status(self)
