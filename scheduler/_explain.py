@@ -1,7 +1,7 @@
 """``explain``: why a task ran, or did not, and what comes next (SPEC §9).
 
-:func:`explain` reads four statements, each through an index (the row with its last job; the
-row's newest decisions; the task's newest jobs; their runs), and works out the rest in Python:
+:func:`read` runs three statements, each through an index (the row with its last job; the
+row's newest decisions; the task's newest jobs' runs), and works out the rest in Python:
 the state in one sentence a person can act on, the next fire times in the row's zone and in
 UTC with the DST shifts marked, and the run policies. The result is JSON-ready (ISO-8601 UTC
 strings ending in ``Z``): ``scheduler explain NAME --json`` prints it as it is, and the
@@ -10,6 +10,7 @@ dashboard's Task page shows it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -19,26 +20,88 @@ from sqlalchemy import Connection, bindparam, select
 from . import _cron
 from ._errors import UnknownRow
 from ._store import decisions as _decisions
-from ._store.rows import TaskRow, get_row
-from ._store.tables import jobs, runs
+from ._store.jobs import Job
+from ._store.rows import TaskRow, _view
+from ._store.tables import jobs, rows, runs
 
 NEXT_FIRES = 10
 DECISIONS = 20
 RUNS = 10
 
-_JOB = select(jobs).where(jobs.c.id == bindparam("p_id"))
-_TASK_JOBS = (  # the task's newest jobs, through ix_scheduler_jobs_task (task_name, id)
-    select(jobs.c.id)
-    .where(jobs.c.task_name == bindparam("p_name"))
-    .order_by(jobs.c.id.desc())
-    .limit(bindparam("p_limit"))
+_JOB_COLUMNS = [c.label(f"job_{c.name}") for c in jobs.c]
+_ROW = (  # the row, its last job's state (as get_row reads it) and all of that job
+    select(
+        rows,
+        jobs.c.state.label("last_job_state"),
+        jobs.c.last_error_code.label("last_job_error"),
+        *_JOB_COLUMNS,
+    )
+    .select_from(rows.outerjoin(jobs, jobs.c.id == rows.c.last_job_id))
+    .where(rows.c.name == bindparam("p_name"))
 )
-_RUNS = (
-    select(runs)
-    .where(runs.c.job_id.in_(bindparam("p_ids", expanding=True)))
-    .order_by(runs.c.id.desc())
-    .limit(bindparam("p_limit"))
-)
+
+
+def _runs_statement() -> Any:
+    # The task's newest jobs through ix_scheduler_jobs_task, then their runs: a task's newer
+    # job has the newer runs. (A LIMIT inside IN is refused by MariaDB; in FROM it is not.)
+    recent = (
+        select(jobs.c.id)
+        .where(jobs.c.task_name == bindparam("p_name"))
+        .order_by(jobs.c.id.desc())
+        .limit(bindparam("p_limit"))
+        .subquery()
+    )
+    return (
+        select(runs)
+        .select_from(recent.join(runs, runs.c.job_id == recent.c.id))
+        .order_by(recent.c.id.desc(), runs.c.id.desc())
+        .limit(bindparam("p_limit"))
+    )
+
+
+_RUNS = _runs_statement()
+
+
+@dataclass(frozen=True)
+class Read:
+    """What explain reads of one row (three statements)."""
+
+    row: TaskRow
+    job: Job | None
+    job_started_at: datetime | None
+    decisions: list[dict[str, Any]]
+    runs: list[dict[str, Any]]
+    note: str | None
+
+
+class _JobRow:
+    """The last job's columns of the row's statement, shaped for :meth:`Job.from_row`."""
+
+    def __init__(self, mapping: dict[str, Any]) -> None:
+        self._mapping = mapping
+
+
+def read(conn: Connection, name: str, runs: int = RUNS) -> Read | None:
+    """The row named `name` with its last job, its last 20 decisions and its task's last
+    `runs` runs; None without such a row."""
+    found = conn.execute(_ROW, {"p_name": name}).first()
+    if found is None:
+        return None
+    m = found._mapping
+    job = None
+    if m["job_id"] is not None:
+        columns = {c.name: m[f"job_{c.name}"] for c in jobs.c}
+        job = Job.from_row(_JobRow(columns))  # type: ignore[arg-type]
+    entries = _decisions.recent(conn, name, DECISIONS)
+    found_runs = [dict(r._mapping) for r in conn.execute(_RUNS, {"p_name": name, "p_limit": runs})]
+    return Read(
+        row=_view(found),
+        job=job,
+        job_started_at=m["job_started_at"],
+        decisions=entries,
+        runs=found_runs,
+        note=m.get("disabled_note"),
+    )
 
 
 def iso(value: datetime | None) -> str | None:
@@ -213,26 +276,34 @@ def _run(run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def explain(conn: Connection, name: str, now: datetime, global_limit: int) -> dict[str, Any]:
-    """What `explain NAME --json` prints; :class:`UnknownRow` for a name no row has."""
-    row = get_row(conn, name)
-    if row is None:
-        raise UnknownRow(f"no task named {name!r} (run `scheduler sync`?)")
-    job: dict[str, Any] | None = None
-    if row.last_job_id is not None:
-        found = conn.execute(_JOB, {"p_id": row.last_job_id}).first()
-        job = dict(found._mapping) if found is not None else None
-    entries = _decisions.recent(conn, name, DECISIONS)
-    ids = list(conn.execute(_TASK_JOBS, {"p_name": name, "p_limit": RUNS}).scalars())
-    found_runs = (
-        [dict(r._mapping) for r in conn.execute(_RUNS, {"p_ids": ids, "p_limit": RUNS})]
-        if ids
-        else []
-    )
-    note = getattr(row, "disabled_note", None)
-    limit = policies(row, global_limit)["max_consecutive_failures"]
+def _job_dict(job: Job | None, started_at: datetime | None) -> dict[str, Any] | None:
+    if job is None:
+        return None
+    return {
+        "id": job.id,
+        "state": job.state,
+        "attempts": job.attempts,
+        "max_attempts": job.max_attempts,
+        "queue": job.queue,
+        "slot": job.slot,
+        "run_at": job.run_at,
+        "lease_owner": job.lease_owner,
+        "lease_expires_at": job.lease_expires_at,
+        "started_at": started_at,
+        "finished_at": job.finished_at,
+        "last_error_code": job.last_error_code,
+    }
+
+
+def build(found: Read, now: datetime, global_limit: int) -> dict[str, Any]:
+    """The explain data of what :func:`read` found, at `now`."""
+    row, entries = found.row, found.decisions
+    job = _job_dict(found.job, found.job_started_at)
+    given = policies(row, global_limit)
     last = entries[0] if entries else None
-    tone, sentence = state_sentence(row, job, now, limit, last, note)
+    tone, sentence = state_sentence(
+        row, job, now, given["max_consecutive_failures"], last, found.note
+    )
     return {
         "name": row.name,
         "state": sentence,
@@ -240,26 +311,22 @@ def explain(conn: Connection, name: str, now: datetime, global_limit: int) -> di
         "enabled": row.enabled,
         "next_run_at": iso(row.next_run_at) if row.enabled else None,
         "disabled_reason": row.disabled_reason,
-        "disabled_note": note,
+        "disabled_note": found.note,
         "disabled_at": iso(row.disabled_at),
         "consecutive_failures": row.consecutive_failures,
-        "policies": policies(row, global_limit),
+        "policies": given,
         "last_job": None
         if job is None
-        else {
-            "id": job["id"],
-            "state": job["state"],
-            "attempts": job["attempts"],
-            "max_attempts": job["max_attempts"],
-            "slot": iso(job["slot"]),
-            "run_at": iso(job["run_at"]),
-            "lease_owner": job["lease_owner"],
-            "lease_expires_at": iso(job["lease_expires_at"]),
-            "started_at": iso(job["started_at"]),
-            "finished_at": iso(job["finished_at"]),
-            "last_error_code": job["last_error_code"],
-        },
+        else {k: iso(v) if isinstance(v, datetime) else v for k, v in job.items()},
         "next_fires": next_fires(row, now),
         "decisions": [_decision(e) for e in entries],
-        "runs": [_run(r) for r in found_runs],
+        "runs": [_run(r) for r in found.runs[:RUNS]],
     }
+
+
+def explain(conn: Connection, name: str, now: datetime, global_limit: int) -> dict[str, Any]:
+    """What `explain NAME --json` prints; :class:`UnknownRow` for a name no row has."""
+    found = read(conn, name)
+    if found is None:
+        raise UnknownRow(f"no task named {name!r} (run `scheduler sync`?)")
+    return build(found, now, global_limit)

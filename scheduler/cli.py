@@ -242,7 +242,8 @@ def tick(state: State, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report))
         return
-    _lines(report)
+    # The run policies' outcomes only when they happened (most tasks have none).
+    _lines({k: v for k, v in report.items() if v or k not in POLICY_OUTCOMES})
 
 
 @cli.command()
@@ -374,6 +375,8 @@ def _print_explain(data: dict[str, Any]) -> None:
         click.echo("  none yet")
 
 
+POLICY_OUTCOMES = ("skipped_overlap", "missed")
+
 TABLE_HEADER = "NAME|ENABLED|NEXT RUN (LOCAL)|NEXT RUN (UTC)|LAST JOB|FAILURES|WHY DISABLED"
 
 
@@ -388,8 +391,25 @@ def _table_row(row: dict[str, Any]) -> list[str]:
     return [row["name"], "yes" if row["enabled"] else "no", *when, state, failures, why]
 
 
+def policy_text(row: dict[str, Any]) -> str:
+    """A row's run policies in a few words: ``hold``, ``skip, window 300 s, jitter 60 s``."""
+    words = [str(row.get("overlap", "hold"))]
+    if row.get("catchup_window"):
+        words.append(f"window {row['catchup_window']} s")
+    if row.get("jitter"):
+        words.append(f"jitter {row['jitter']} s")
+    return ", ".join(words)
+
+
 def _print_status(data: dict[str, Any]) -> None:
     table = [TABLE_HEADER.split("|")] + [_table_row(r) for r in data["rows"]]
+    if any(policy_text(r) != "hold" for r in data["rows"]):  # the default needs no column
+        table = [
+            [*line[:-1], policy, line[-1]]
+            for line, policy in zip(
+                table, ["POLICY"] + [policy_text(r) for r in data["rows"]], strict=True
+            )
+        ]
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     for line in table if data["rows"] else []:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())

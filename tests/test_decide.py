@@ -14,7 +14,6 @@ from scheduler._tick.decide import (
     REASON_FAILURES,
     REASON_IN_FLIGHT,
     Action,
-    Decision,
     decide,
 )
 from scheduler._tick.due import DueRow
