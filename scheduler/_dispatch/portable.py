@@ -29,6 +29,7 @@ import functools
 import logging
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, insert, literal_column, update
@@ -164,14 +165,15 @@ def _log(
         _decisions.write(conn, log_params(row, decision, work, job_id))
 
 
-def dispatched(row: DueRow, job_id: int) -> Done:
-    """A fresh dispatch that committed: the ``job_dispatched`` signal follows."""
+def dispatched(row: DueRow, job_id: int, slot: datetime | None = None) -> Done:
+    """A fresh dispatch that committed: the ``job_dispatched`` signal follows (with the
+    nominal `slot`, before jitter; the row's ``next_run_at`` when not given)."""
     return Outcome.DISPATCHED, lambda _conn: signals.send(
         signals.job_dispatched,
         row.name,
         row=row.name,
         job_id=job_id,
-        slot=row.next_run_at,
+        slot=row.next_run_at if slot is None else slot,
     )
 
 
@@ -263,7 +265,7 @@ def _dispatch(conn: Connection, row: DueRow, decision: Decision, work: Work) -> 
     if _POINT_ROW.on(conn).run(conn, params).rowcount != 1:
         raise _Rollback(Outcome.LOST_RACE)
     _log(conn, row, decision, work, job_id)
-    return dispatched(row, job_id)
+    return dispatched(row, job_id, decision.slot)
 
 
 def _hold_back(conn: Connection, row: DueRow, decision: Decision, work: Work) -> Done:

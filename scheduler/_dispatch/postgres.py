@@ -135,7 +135,7 @@ class PostgresDispatcher:
                 lambda item: _params(item[0], item[1], work),
                 stop_on_none=True,  # a lost race: the rest of the batch is likely stale too
             )
-        for (row, _decision), job_id in zip(fresh, found, strict=True):
+        for (row, decision), job_id in zip(fresh, found, strict=True):
             if job_id is UNSENT:
                 continue  # still due: the tick comes back for it, or another process has it
             if isinstance(job_id, BaseException):
@@ -143,4 +143,4 @@ class PostgresDispatcher:
             elif job_id is None:
                 carried.done[row.id] = (Outcome.LOST_RACE, None)
             else:
-                carried.done[row.id] = dispatched(row, job_id)
+                carried.done[row.id] = dispatched(row, job_id, decision.slot)
