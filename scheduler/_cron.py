@@ -22,6 +22,7 @@ from croniter.croniter import MARKER, HashExpander
 
 __all__ = [
     "dst_notes",
+    "first_run",
     "has_fixed_hour",
     "hash_free",
     "jitter_delay",
@@ -280,6 +281,13 @@ def jitter_delay(name: str, slot: datetime, seconds: int) -> timedelta:
     key = f"{name}\x00{slot.astimezone(UTC).isoformat()}".encode()
     drawn = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
     return (drawn % (seconds * 1000)) * _MS
+
+
+def first_run(expr: str, tz: str, name: str, after: datetime, jitter: int = 0) -> datetime:
+    """The ``next_run_at`` of a row armed at `after` (sync, enable): its first slot after
+    `after`, delayed by its jitter."""
+    slot = next_after(expr, tz, after, name)
+    return slot + jitter_delay(name, slot, jitter)
 
 
 def next_run(expr: str, tz: str, name: str, after: datetime, jitter: int = 0) -> datetime:

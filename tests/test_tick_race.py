@@ -193,7 +193,7 @@ def jittered_slots(name: str) -> list[datetime]:
     """The slots a jittered every-minute row dispatches over the racers' ticks, worked out with
     the cron functions (the row was synced at BASE)."""
     every = "* * * * *"
-    run_at = _cron.next_run(every, "UTC", name, BASE, JITTER)
+    run_at = _cron.first_run(every, "UTC", name, BASE, JITTER)
     found = []
     for i in range(1, STEPS + 1):
         if run_at <= minute(i):

@@ -148,7 +148,7 @@ def enable(
         disabled_reason=None,
         disabled_at=None,
         consecutive_failures=0,
-        next_run_at=_cron.next_run(row.cron, row.timezone, row.name, now, row.jitter),
+        next_run_at=_cron.first_run(row.cron, row.timezone, row.name, now, row.jitter),
     )
     slots, more = paused_slots(row, now)
     reason = row.disabled_reason or REASON_MANUAL
@@ -325,7 +325,7 @@ class _Slots:
 
     def next(self, task: Any, free: str) -> datetime:
         if task.jitter:  # a delay of its own per task
-            return _cron.next_run(task.cron, task.timezone, task.name, self.now, task.jitter)
+            return _cron.first_run(task.cron, task.timezone, task.name, self.now, task.jitter)
         key = (task.cron, task.timezone, free)
         slot = self.found.get(key)
         if slot is None:
