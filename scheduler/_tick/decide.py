@@ -205,10 +205,9 @@ def decide(
         return Decision(Action.HOLD_BACK, failures, None, REASON_IN_FLIGHT, served, log)
     if state in _RESETS_FAILURES:
         failures = 0
-    beside = f"beside job {row.last_job_id} ({state}): overlap allow"
-    entry = Entry(
-        Logged.DISPATCHED, served, None, None, beside if state in _IN_FLIGHT else None, True
-    )
+        state = None  # nothing in flight beside it
+    beside = f"beside job {row.last_job_id} ({state}): overlap allow" if state else None
+    entry = Entry(Logged.DISPATCHED, served, None, None, beside, True)
     merged = _coalesced(row, served, now, passed, None)
     return _moving(
         row, now, Action.DISPATCH, failures, served, None, next_slot, dst, (entry, *merged)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import random
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Connection
 
@@ -56,7 +57,9 @@ MAX_COUNTED = 1000
 def passed(row: DueRow, slot: datetime, now: datetime) -> int:
     """How many of the row's slots after `slot` were due by `now` (merged into this run)."""
     count = 0
-    at = _cron.next_after(row.cron, row.timezone, slot, row.name)  # shared by a burst's rows
+    at = _cron.next_after(row.cron, row.timezone, slot, row.name)
+    if at > now:
+        return 0
     while at <= now and count < MAX_COUNTED:
         if at + _cron.jitter_delay(row.name, at, row.jitter) <= now:
             count += 1
@@ -126,15 +129,31 @@ def _carry_out(
         return 0
     decided: list[Decided] = []
     failure: BaseException | None = None
+    # A burst's rows share their slot and their schedule: equal instants are made one object
+    # (the driver converts a parameter once per object), and whether later slots passed is
+    # worked out once per schedule and slot.
+    instants: dict[datetime, datetime] = {}
+    merged: dict[tuple[str, ...] | tuple[str, str, datetime, int], int] = {}
+
+    def passed_once(row: DueRow, slot: datetime, now: datetime) -> int:
+        key: Any = (row.cron, row.timezone, slot, row.jitter)
+        if row.jitter or "h" in row.cron or "H" in row.cron:  # drawn from the name
+            key = (*key, row.name)
+        found = merged.get(key)
+        if found is None:
+            found = merged[key] = passed(row, slot, now)
+        return found
+
     for row in batch:
         try:
+            served = nominal_slot(row) if row.jitter else row.next_run_at
             decision = decide(
                 row,
                 work.now,
                 max_consecutive_failures=max_consecutive_failures,
                 next_slot=next_slot,
-                slot=nominal_slot(row) if row.jitter else None,
-                passed=passed,
+                slot=instants.setdefault(served, served),
+                passed=passed_once,
                 dst=dst_cases,
             )
         except Exception as exc:  # carry out the rows before it, then raise
