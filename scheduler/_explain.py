@@ -228,9 +228,10 @@ def state_sentence(
             )
         if due and row.overlap == "hold":
             return "warn", f"held back: {holder}; the slot fires once the job ends"
+        doing = "running" if state == "claimed" else "waiting"
         if row.overlap == "skip":
-            return "run", f"{holder}; slots that come while it runs are skipped (overlap skip)"
-        return "run", f"running: {holder}; {when}"
+            return "run", f"{doing}: {holder}; slots that come meanwhile are skipped (overlap skip)"
+        return "run", f"{doing}: {holder}; {when}"
     if job is not None and job["state"] == "aborted":
         failures = row.consecutive_failures + 1
         then = f"failure {failures} of {limit}" if limit else f"failure {failures}"

@@ -407,7 +407,7 @@ def test_explain_prints_the_state_and_json_and_refuses_an_unknown_name(
     ok(run_cli(tmp_path, "trigger", "nightly"))
     ok(run_cli(tmp_path, "tick"))
     text = ok(run_cli(tmp_path, "explain", "nightly")).splitlines()
-    assert text[0].startswith("task nightly: job 1 is queued to run at ")
+    assert text[0].startswith("task nightly: waiting: job 1 is queued to run at ")
     assert text[1].startswith("policies: overlap skip, catchup_window unlimited, jitter 30 s")
     assert "next fires (Europe/Berlin | UTC):" in text
     assert any(" dispatched " in line and "job 1" in line for line in text)
