@@ -29,9 +29,9 @@ meanwhile are coalesced into this one run, and a ``coalesced`` entry counts them
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from typing import NamedTuple
 
 from .._store.tables import JobState
 from .due import DueRow
@@ -101,8 +101,7 @@ _RESETS_FAILURES = frozenset({JobState.SUCCEEDED, None})
 _MOVES = frozenset({Action.DISPATCH, Action.RERUN, Action.SKIP, Action.MISSED})
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
     """One decision-log entry, written in the transaction that carries the decision out."""
 
     decision: Logged
@@ -115,9 +114,9 @@ class Entry:
     """The entry concerns the job this decision creates (its id is known once written)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What to do with one due row, and the values to write."""
+class Decision(NamedTuple):
+    """What to do with one due row, and the values to write (a named tuple: the tick makes
+    one per due row)."""
 
     action: Action
     failures: int
@@ -191,7 +190,7 @@ def decide(
         return _moving(
             row, now, Action.RERUN, failures, served, None, next_slot, dst, (entry, *merged)
         )
-    overlap = overlap_of(row)
+    overlap = ALLOW if row.concurrent else row.overlap
     if state in _IN_FLIGHT and overlap != ALLOW:
         detail = f"job {row.last_job_id} is {state}"
         if overlap == SKIP:
