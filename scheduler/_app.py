@@ -247,7 +247,10 @@ class Scheduler:
                     dry_run=dry_run,
                 )
 
-        return retry("sync", attempt)
+        plan = retry("sync", attempt)
+        for name, slot, reason in plan.paused:  # after the commit (SPEC §9)
+            signals.send(signals.slot_skipped, name, slot=slot, decision="paused", reason=reason)
+        return plan
 
     def tick(self, now: datetime | None = None) -> TickReport:
         """Dispatch, rerun, hold back or disable every due row (docs/explanation/tick.md).

@@ -414,3 +414,18 @@ def test_explain_shows_the_last_ten_runs_and_twenty_decisions(sched: Scheduler) 
     assert data["state"].startswith("scheduled: job ")
     with sched.store.read() as conn:
         assert conn.execute(select(func.count()).select_from(runs)).scalar_one() == 25
+
+
+def test_a_sync_that_re_enables_a_task_logs_its_paused_slots(sched: Scheduler) -> None:
+    sched.sync([spec("r", enabled=False)])  # disabled in the file from the start
+    sched.sync([spec("r", enabled=False)])
+    at(sched, slot(2) + timedelta(minutes=1))
+    with capture_signals(signals.slot_skipped) as sent:
+        plan = sched.sync([spec("r")])
+    assert plan.update == ["r"]
+    assert [(d, s, r) for d, s, _j, r in log(sched, "r")] == [
+        ("paused", slot(1), "disabled_in_config"),
+        ("paused", slot(2), "disabled_in_config"),
+    ]
+    assert [s.kwargs["slot"] for s in sent] == [slot(1), slot(2)]
+    assert the_row(sched, "r").next_run_at == slot(3)

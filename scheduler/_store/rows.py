@@ -113,9 +113,15 @@ _PAUSED_COUNTED = 10_000
 def paused_slots(row: TaskRow, now: datetime) -> tuple[list[datetime], int]:
     """The slots of a disabled `row` that passed by `now` (from the one it was due at when
     disabled): the first :data:`PAUSED_LOGGED`, and how many more (counted up to 10,000)."""
-    if row.next_run_at is None:
+    return _passed_slots(row.cron, row.timezone, row.name, row.jitter, row.next_run_at, now)
+
+
+def _passed_slots(
+    cron: str, tz: str, name: str, jitter: int, was_due: datetime | None, now: datetime
+) -> tuple[list[datetime], int]:
+    if was_due is None:
         return [], 0
-    slot = _cron.slot_of(row.cron, row.timezone, row.name, row.next_run_at, row.jitter)
+    slot = _cron.slot_of(cron, tz, name, was_due, jitter)
     found: list[datetime] = []
     more = 0
     while slot <= now and more < _PAUSED_COUNTED:
@@ -123,8 +129,19 @@ def paused_slots(row: TaskRow, now: datetime) -> tuple[list[datetime], int]:
             found.append(slot)
         else:
             more += 1
-        slot = _cron.next_after(row.cron, row.timezone, slot, row.name)
+        slot = _cron.next_after(cron, tz, slot, name)
     return found, more
+
+
+def _log_paused(
+    conn: Connection, name: str, slots: list[datetime], more: int, reason: str, now: datetime
+) -> None:
+    entries = [
+        _decisions.entry_params(name, "paused", slot, now, None, reason, None) for slot in slots
+    ]
+    if more:
+        entries[-1]["d_detail"] = f"and {more:,}{'+' if more >= _PAUSED_COUNTED else ''} more"
+    _decisions.write(conn, entries)
 
 
 def enable(
@@ -152,12 +169,7 @@ def enable(
     )
     slots, more = paused_slots(row, now)
     reason = row.disabled_reason or REASON_MANUAL
-    entries = [
-        _decisions.entry_params(name, "paused", slot, now, None, reason, None) for slot in slots
-    ]
-    if more:
-        entries[-1]["d_detail"] = f"and {more:,}{'+' if more >= _PAUSED_COUNTED else ''} more"
-    _decisions.write(conn, entries)
+    _log_paused(conn, name, slots, more, reason, now)
     if paused is not None:
         paused.extend((slot, reason) for slot in slots)
     return True
@@ -187,6 +199,9 @@ class SyncPlan:
     update: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     disable: list[str] = field(default_factory=list)
+    paused: list[tuple[str, datetime, str]] = field(default_factory=list)
+    """(row, slot, reason) of the slots that passed while a row the file re-enables was
+    disabled: logged as ``paused``; ``Scheduler.sync`` sends ``slot_skipped`` for each."""
 
     def as_dict(self) -> dict[str, list[str]]:
         return {
@@ -202,8 +217,9 @@ _DEFINITION: tuple[str, ...] = ("handler", "payload", "cron", "timezone", "concu
 _DEFINITION += ("max_consecutive_failures", "overlap", "catchup_window", "jitter")
 # A change of one of these moves ``next_run_at``.
 _SCHEDULE = ("cron", "timezone", "jitter")
-_READ = ("name", *_DEFINITION, "enabled", "disabled_reason")
+_READ = ("name", *_DEFINITION, "enabled", "disabled_reason", "next_run_at")
 _ENABLED, _REASON = len(_DEFINITION) + 1, len(_DEFINITION) + 2
+_NEXT_RUN = _REASON + 1
 # A new row's columns, in the order of the tuples sync builds.
 _INSERTED = (
     "name",
@@ -356,6 +372,7 @@ def sync(
             raise ConfigError(f"task {task.name!r}: key 'name': duplicate task name")
         seen.add(task.name)
     plan = SyncPlan()
+    paused: list[tuple[Any, datetime | None, str]] = []
     read = conn.execute(select(*(rows.c[c] for c in _READ))).all()
     existing = {r[0]: r for r in read}
     slots = _Slots(now)
@@ -406,6 +423,8 @@ def sync(
                 changes["next_run_at"] = None  # computed below, unless dry
         was_enabled = bool(current[_ENABLED])
         if task.enabled and not was_enabled and current[_REASON] in _CONFIG_REASONS:
+            if not dry_run:  # the slots that passed while the file had it disabled
+                paused.append((task, current[_NEXT_RUN], current[_REASON]))
             changes.update(
                 enabled=True,
                 disabled_reason=None,
@@ -443,4 +462,8 @@ def sync(
     if removed:
         fixed = dict(enabled=False, disabled_reason=REASON_REMOVED, disabled_at=now)
         conn.execute(_update_by_name(now, (), **fixed), removed)
+    for task, was_due, reason in paused:
+        passed, more = _passed_slots(task.cron, task.timezone, task.name, task.jitter, was_due, now)
+        _log_paused(conn, task.name, passed, more, reason, now)
+        plan.paused.extend((task.name, slot, reason) for slot in passed)
     return plan
