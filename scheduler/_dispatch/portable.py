@@ -56,6 +56,7 @@ _P = bindparam
 JOB_COLUMNS: tuple[str, ...] = ("handler", "payload", "queue", "priority", "run_at", "state")
 JOB_COLUMNS += ("attempts", "max_attempts", "dedupe_key", "task_name", "created_at", "slot")
 JOB_PARAMS = {c: _P(f"j_{c}", type_=jobs.c[c].type) for c in JOB_COLUMNS}
+_JOB_KEYS = {c: f"j_{c}" for c in JOB_COLUMNS}  # made once: a dispatch renames every column
 # The row's compare-and-swap of a fresh dispatch: parameters "r_" + what they set.
 SWAP_VALUES = {
     "version": rows.c.version + literal_column("1"),
@@ -128,7 +129,8 @@ def fresh_params(row: DueRow, decision: Decision, work: Work) -> dict[str, Any]:
         queue=queue,
         task_name=row.name,
     )
-    params = {f"j_{column}": value for column, value in job.items()}
+    keys = _JOB_KEYS
+    params = {keys[column]: value for column, value in job.items()}
     params.update(
         j_slot=decision.slot if decision.slot is not None else row.next_run_at,
         p_now=work.now,
@@ -145,15 +147,15 @@ def log_params(
 ) -> list[dict[str, Any]]:
     """The parameters of the decision's log entries; `job_id`: the job it created, if any."""
     return [
-        _decisions.entry_params(
-            row.name,
-            entry.decision,
-            entry.slot,
-            work.now,
-            job_id if entry.new_job else entry.job_id,
-            entry.reason,
-            entry.detail,
-        )
+        {
+            "d_task_name": row.name,
+            "d_slot": entry.slot,
+            "d_decided_at": work.now,
+            "d_decision": entry.decision.value,
+            "d_job_id": job_id if entry.new_job else entry.job_id,
+            "d_reason": entry.reason,
+            "d_detail": None if entry.detail is None else entry.detail[:500],
+        }
         for entry in decision.log
     ]
 
