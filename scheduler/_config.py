@@ -17,6 +17,7 @@ from typing import Any
 from ._cron import validate_cron, validate_timezone
 from ._errors import ConfigError, PayloadError
 from ._payload import decode_payload, encode_payload, find_credential_key
+from ._store.jobs import tenant_problem
 
 DEFAULT_URL = "sqlite:///scheduler.db"
 DATABASE_URL_ENV = "SCHEDULER_DATABASE_URL"
@@ -56,6 +57,8 @@ class TaskSpec:
             return self.overlap
         return "allow" if self.concurrent else "hold"
 
+    tenant: str | None = None  # whose task: its jobs carry it (``job.tenant``)
+
 
 @dataclass(frozen=True)
 class SchedulerSettings:
@@ -77,6 +80,7 @@ class WorkerSettings:
 
     imports: tuple[str, ...] = ()
     concurrency: int = 4
+    async_concurrency: int = 100  # async def handlers running at once on the event loop
     lease_seconds: float = 60.0
     shutdown_grace_seconds: float = 30.0
     purge_succeeded_after_days: float = 7.0
@@ -242,6 +246,7 @@ def _worker_settings(data: Any, path: str) -> WorkerSettings:
     settings = WorkerSettings(
         imports=t.strings("imports"),
         concurrency=t.integer("concurrency", 0),
+        async_concurrency=t.integer("async_concurrency", 1),
         lease_seconds=t.number("lease_seconds", 5),
         shutdown_grace_seconds=t.number("shutdown_grace_seconds"),
         purge_succeeded_after_days=t.number("purge_succeeded_after_days", positive=True),
@@ -332,6 +337,12 @@ def _task(t: _Table, name: str, settings: SchedulerSettings) -> TaskSpec:
     except PayloadError as exc:
         raise t.error("payload", str(exc)) from exc
     limit = "max_consecutive_failures"
+    tenant = None
+    if "tenant" in t.data:
+        tenant = t.get("tenant", "a string", lambda v: isinstance(v, str))
+        problem = tenant_problem(tenant)
+        if problem is not None:
+            raise t.error("tenant", problem)
     return TaskSpec(
         name=name,
         cron=cron,
@@ -344,6 +355,7 @@ def _task(t: _Table, name: str, settings: SchedulerSettings) -> TaskSpec:
         overlap=_overlap(t),
         catchup_window=t.integer("catchup_window", 0),
         jitter=t.integer("jitter", 0),
+        tenant=tenant,
     )
 
 
@@ -382,6 +394,7 @@ def _tasks(data: list[Any], path: str, settings: SchedulerSettings) -> tuple[Tas
         "overlap": None,
         "catchup_window": 0,
         "jitter": 0,
+        "tenant": None,
     }
     seen: dict[str, int] = {}
     specs = []

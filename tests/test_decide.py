@@ -291,11 +291,12 @@ def test_coalesced_slots_and_dst_cases_join_the_entries() -> None:
 def test_the_policies_over_any_row(
     due_row: DueRow, now: datetime, overlap: str, window: int, held: bool, merged: int
 ) -> None:
+    due_at = min(due_row.next_run_at, now)  # a due row
     due_row = due_row._replace(
         overlap=overlap,
         catchup_window=window,
-        held_slot=due_row.next_run_at if held else None,
-        next_run_at=min(due_row.next_run_at, now),  # a due row
+        held_slot=due_at if held else None,
+        next_run_at=due_at,
     )
     d = decide(
         due_row,

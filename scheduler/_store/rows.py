@@ -15,6 +15,7 @@ from .._config import overlap_problem
 from .._errors import ConfigError, SchedulerError, UnknownRow
 from .._payload import decode_payload, encode_payload
 from . import decisions as _decisions
+from .jobs import tenant_problem
 from .tables import jobs, rows
 
 REASON_MANUAL = "manual"
@@ -51,6 +52,8 @@ class TaskRow:
     """Seconds a slot may be late before it is missed; 0: unlimited."""
     jitter: int = 0
     """Seconds of deterministic delay range per slot; 0: none."""
+    disabled_note: str | None = None
+    """The operator's words with a disable (``disable --reason``); cleared by ``enable``."""
 
 
 def _select_rows() -> Any:
@@ -83,6 +86,7 @@ def _view(r: Any) -> TaskRow:
         overlap=m["overlap"],
         catchup_window=m["catchup_window"],
         jitter=m["jitter"],
+        disabled_note=m["disabled_note"],
     )
 
 
@@ -164,6 +168,7 @@ def enable(
         enabled=True,
         disabled_reason=None,
         disabled_at=None,
+        disabled_note=None,
         consecutive_failures=0,
         next_run_at=_cron.first_run(row.cron, row.timezone, row.name, now, row.jitter),
     )
@@ -175,8 +180,17 @@ def enable(
     return True
 
 
-def disable(conn: Connection, name: str, now: datetime, reason: str = REASON_MANUAL) -> None:
-    _write(conn, name, now, enabled=False, disabled_reason=reason, disabled_at=now)
+def disable(
+    conn: Connection,
+    name: str,
+    now: datetime,
+    reason: str = REASON_MANUAL,
+    note: str | None = None,
+) -> None:
+    """Pause the row; ``note`` is the operator's reason (``disabled_note``, shown by status)."""
+    _write(
+        conn, name, now, enabled=False, disabled_reason=reason, disabled_at=now, disabled_note=note
+    )
 
 
 def trigger(conn: Connection, name: str, now: datetime) -> None:
@@ -214,7 +228,7 @@ class SyncPlan:
 
 # The columns a task's definition sets, compared in this order against the stored row.
 _DEFINITION: tuple[str, ...] = ("handler", "payload", "cron", "timezone", "concurrent")
-_DEFINITION += ("max_consecutive_failures", "overlap", "catchup_window", "jitter")
+_DEFINITION += ("max_consecutive_failures", "tenant", "overlap", "catchup_window", "jitter")
 # A change of one of these moves ``next_run_at``.
 _SCHEDULE = ("cron", "timezone", "jitter")
 _READ = ("name", *_DEFINITION, "enabled", "disabled_reason", "next_run_at")
@@ -242,8 +256,17 @@ _MAX_INT = 2**31 - 1  # an INTEGER column on every engine
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # Unicode category Cc
 
 
+# A name that passes every rule of _bad_name, in one match: no control character anywhere, and
+# neither end a whitespace character.
+_GOOD_NAME = re.compile(
+    r"[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?"
+)
+
+
 def _bad_name(value: Any) -> str | None:
     """Why ``value`` cannot be a task's name or handler (the TOML loader's rules), or None."""
+    if type(value) is str and len(value) <= _MAX_NAME and _GOOD_NAME.fullmatch(value):
+        return None  # the common case, in one regular-expression match
     if not isinstance(value, str) or not value.strip():
         return "must be a non-empty string"
     if len(value) > _MAX_NAME:
@@ -253,9 +276,45 @@ def _bad_name(value: Any) -> str | None:
     return None
 
 
-def check_task(task: Any, payload_limit: int) -> tuple[str, str]:
+def _check_policies(task: Any) -> None:
+    """The run policies of a task built in Python, checked as the TOML loader checks them."""
+    contradiction = overlap_problem(getattr(task, "overlap", None), task.concurrent)
+    if contradiction is not None:
+        raise ConfigError(f"task {task.name!r}: key {contradiction[0]!r}: {contradiction[1]}")
+    for key in ("catchup_window", "jitter"):
+        value = getattr(task, key, 0)
+        if not isinstance(value, int) or isinstance(value, bool):
+            problem = f"expected an integer number of seconds, got {value!r}"
+        elif not 0 <= value <= _MAX_INT:
+            problem = f"must be from 0 to {_MAX_INT} seconds, got {value}"
+        else:
+            continue
+        raise ConfigError(f"task {task.name!r}: key {key!r}: {problem}")
+
+
+def check_task(task: Any, payload_limit: int, stored: Any = None) -> tuple[str, str | None]:
     """Validate a task built in Python the way the TOML loader validates the file's; return
-    its payload as stored (compact JSON) and its cron's H-free form (:func:`_cron.hash_free`)."""
+    its payload as stored (compact JSON) and its cron's H-free form (:func:`_cron.hash_free`).
+
+    ``stored`` is the task's row as read (``_READ`` order), if it has one. When its handler,
+    cron and timezone equal the task's, they passed these same checks when the row was
+    written (a cron's validity is a function of the expression and the name alone), so only
+    the payload is checked and the H-free form is None: nothing needs the next slot of a
+    schedule that did not change. The payload is always checked: the limit may have changed.
+    """
+    _check_policies(task)  # checked on both paths: they may have changed
+    tenant = getattr(task, "tenant", None)  # checked on both paths: it may have changed
+    if tenant is not None and (problem := tenant_problem(tenant)) is not None:
+        raise ConfigError(f"task {task.name!r}: key 'tenant': {problem}")
+    if (
+        stored is not None
+        and stored[1] == task.handler
+        and stored[3:5] == (task.cron, task.timezone)
+    ):
+        try:
+            return encode_payload(task.payload, payload_limit), None
+        except ValueError as exc:
+            raise ConfigError(f"task {task.name!r}: key 'payload': {exc}") from None
     for key in ("name", "handler"):
         problem = _bad_name(getattr(task, key))
         if problem:
@@ -267,17 +326,6 @@ def check_task(task: Any, payload_limit: int) -> tuple[str, str]:
         free = _cron.validate_cron(task.cron, task.name)
         key = "timezone"
         _cron.validate_timezone(task.timezone)
-        key = "overlap"
-        contradiction = overlap_problem(getattr(task, "overlap", None), task.concurrent)
-        if contradiction is not None:
-            key = contradiction[0]
-            raise ValueError(contradiction[1])
-        for key in ("catchup_window", "jitter"):
-            value = getattr(task, key, 0)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"expected an integer number of seconds, got {value!r}")
-            if not 0 <= value <= _MAX_INT:
-                raise ValueError(f"must be from 0 to {_MAX_INT} seconds, got {value}")
         key = "payload"
         return encode_payload(task.payload, payload_limit), free
     except ValueError as exc:
@@ -339,9 +387,11 @@ class _Slots:
         self.now = now
         self.found: dict[tuple[str, str, str], datetime] = {}
 
-    def next(self, task: Any, free: str) -> datetime:
+    def next(self, task: Any, free: str | None) -> datetime:
         if task.jitter:  # a delay of its own per task
             return _cron.first_run(task.cron, task.timezone, task.name, self.now, task.jitter)
+        if free is None:  # a schedule the check did not draw (unchanged): draw it now
+            free = _cron.hash_free(task.cron, task.name)
         key = (task.cron, task.timezone, free)
         slot = self.found.get(key)
         if slot is None:
@@ -364,17 +414,17 @@ def sync(
     and one disables the rows gone from ``tasks``. Unchanged rows get no statement at all.
     """
     tasks = list(tasks)
-    checked: list[tuple[str, str]] = []
+    read = conn.execute(select(*(rows.c[c] for c in _READ))).all()
+    existing = {r[0]: r for r in read}
+    checked: list[tuple[str, str | None]] = []
     seen: set[str] = set()
     for task in tasks:
-        checked.append(check_task(task, payload_limit))
+        checked.append(check_task(task, payload_limit, existing.get(task.name)))
         if task.name in seen:
             raise ConfigError(f"task {task.name!r}: key 'name': duplicate task name")
         seen.add(task.name)
     plan = SyncPlan()
     paused: list[tuple[Any, datetime | None, str]] = []
-    read = conn.execute(select(*(rows.c[c] for c in _READ))).all()
-    existing = {r[0]: r for r in read}
     slots = _Slots(now)
     inserts: list[tuple[Any, ...]] = []
     updates: dict[tuple[str, ...], list[dict[str, Any]]] = {}
@@ -386,6 +436,7 @@ def sync(
             task.timezone,
             task.policy == "allow",  # concurrent: kept in step with overlap
             task.max_consecutive_failures,
+            getattr(task, "tenant", None),
             task.policy,
             task.catchup_window,
             task.jitter,

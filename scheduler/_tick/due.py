@@ -46,6 +46,8 @@ class DueRow(NamedTuple):
     """Seconds of deterministic delay range added to each slot; 0: none."""
     held_slot: datetime | None = None
     """The slot whose ``held_back`` entry is already in the decision log."""
+    tenant: str | None = None
+    """The row's tenant, copied into the jobs it dispatches (and reruns)."""
 
 
 Position = tuple[datetime, int]
@@ -73,6 +75,7 @@ _DUE = (
         rows.c.catchup_window,
         rows.c.jitter,
         rows.c.held_slot,
+        rows.c.tenant,
     )
     .select_from(rows.outerjoin(jobs, jobs.c.id == rows.c.last_job_id))
     .where(rows.c.enabled == true(), rows.c.next_run_at <= _P("p_now"))
