@@ -6,7 +6,8 @@ run. blinker holds receivers by weak reference: connect module-level functions, 
 ``weak=False`` (a lambda or closure connected inside a function is collected and never fires).
 
 Senders: the task (row) name for ``row_disabled``, ``job_dispatched``, ``job_rerun`` and
-``slot_skipped``; the handler name for the ``job_*`` outcome signals. Filter with ``connect(fn, sender="name")``.
+``slot_skipped``; the handler name for the ``job_*`` outcome signals. Filter with
+``connect(fn, sender="name")``.
 """
 
 from __future__ import annotations

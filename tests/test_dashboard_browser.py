@@ -193,7 +193,8 @@ def test_click_through_every_page_and_action(browser: Any, site: tuple[Scheduler
     assert "Disabled nightly: maintenance window" in page.locator(".flash").inner_text()
     row = app.get_row("nightly")
     assert row is not None and not row.enabled
-    assert page.locator("#state-sentence").inner_text().startswith("disabled (manual: maintenance window) since ")
+    sentence = page.locator("#state-sentence").inner_text()
+    assert sentence.startswith("disabled (manual: maintenance window) since ")
     page.click("button:has-text('Enable')")
     assert app.get_row("nightly").enabled  # type: ignore[union-attr]
 
