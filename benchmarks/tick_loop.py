@@ -43,6 +43,7 @@ def main() -> None:
         ]
     )
     far = datetime(2040, 1, 1, tzinfo=UTC)
+    slot = datetime(2039, 1, 1, tzinfo=UTC)  # a slot of the yearly cron
     idle_now = datetime.now(UTC)
 
     def idle() -> tuple[float, float]:
@@ -62,10 +63,10 @@ def main() -> None:
             conn.execute(
                 update(rows)
                 .where(rows.c.name < f"t{DUE:05d}")
-                .values(next_run_at=far - timedelta(days=1))
+                .values(next_run_at=slot)  # a real slot, and no later one is due: no coalescing
             )
         cpu, wall = time.process_time(), time.perf_counter()
-        report = app.tick(now=far)
+        report = app.tick(now=slot + timedelta(days=30))
         assert len(report.dispatched) == DUE, report
         return (
             (time.process_time() - cpu) / DUE * 1e6,

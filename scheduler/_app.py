@@ -17,7 +17,7 @@ from sqlalchemy import URL, Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
-from . import _alerts, _backfill, _migrate, _tick, _tracing
+from . import _alerts, _backfill, _migrate, _tick, _tracing, signals
 from ._config import (
     AppConfig,
     DashboardSettings,
@@ -35,6 +35,7 @@ from ._retry import retry
 from ._runner import Runner
 from ._store import Store, make_engine
 from ._store import audit as _audit
+from ._store import decisions as _decisions
 from ._store import health as _health
 from ._store import jobs as _jobs
 from ._store import rows as _rows
@@ -307,7 +308,10 @@ class Scheduler:
                     )
                 return plan
 
-        return retry("sync", attempt)
+        plan = retry("sync", attempt)
+        for name, slot, reason in plan.paused:  # after the commit (SPEC §9)
+            signals.send(signals.slot_skipped, name, slot=slot, decision="paused", reason=reason)
+        return plan
 
     def tick(self, now: datetime | None = None) -> TickReport:
         """Dispatch, rerun, hold back or disable every due row (docs/explanation/tick.md).
@@ -347,8 +351,19 @@ class Scheduler:
 
     def enable(self, name: str, *, reason: str | None = None, actor: str | None = None) -> bool:
         """Re-enable a disabled row (count reset, re-armed from now, its disable note cleared);
-        False if it was enabled (nothing changed, nothing audited)."""
-        return self._audited_row("enable", name, reason, actor, _rows.enable)
+        False if it was enabled (nothing changed, nothing audited). The slots that passed while
+        it was disabled are logged as ``paused``, and ``slot_skipped`` is sent for each after
+        the commit."""
+        paused: list[tuple[datetime, str]] = []
+
+        def change(conn: Any, row: str, now: datetime) -> bool:
+            paused.clear()  # a retried transaction starts again
+            return _rows.enable(conn, row, now, paused)
+
+        enabled = self._audited_row("enable", name, reason, actor, change)
+        for slot, why in paused:  # after the commit (SPEC §9)
+            signals.send(signals.slot_skipped, name, slot=slot, decision="paused", reason=why)
+        return enabled
 
     def disable(self, name: str, *, reason: str | None = None, actor: str | None = None) -> None:
         """Pause a row until :meth:`enable`; ``reason`` is kept as its ``disabled_note``."""
@@ -639,14 +654,32 @@ class Scheduler:
 
         def attempt() -> int:
             with self.store.begin() as conn:
+                now = self.clock()
+                # The decision log is kept as long as the jobs it can name (the longer of the
+                # two retentions).
+                days = max(w.purge_succeeded_after_days, w.purge_aborted_after_days)
+                _decisions.purge(conn, before=now - timedelta(days=days))
                 return _jobs.purge(
                     conn,
-                    now=self.clock(),
+                    now=now,
                     succeeded_after=timedelta(days=w.purge_succeeded_after_days),
                     aborted_after=timedelta(days=w.purge_aborted_after_days),
                 )
 
         return retry("purge", attempt)
+
+    def explain(self, name: str) -> dict[str, Any]:
+        """Why the task ran or did not, and what comes next: the data of ``scheduler explain
+        NAME --json`` (the state in one sentence, the policies, the next 10 fires, the last 20
+        decisions, the last 10 runs). Raises :class:`~scheduler.UnknownRow` for an unknown name.
+        """
+        from . import _explain
+
+        self.check_schema()
+        with self.store.read() as conn:
+            return _explain.explain(
+                conn, name, self.clock(), self.settings.max_consecutive_failures
+            )
 
     def status(self) -> dict[str, Any]:
         """Rows, job counts and health: the data of ``scheduler status --json``."""

@@ -42,6 +42,21 @@ class TaskSpec:
     concurrent: bool = False
     max_consecutive_failures: int | None = None  # None: use [scheduler]'s; 0 = unlimited
     enabled: bool = True
+    overlap: str | None = None
+    """While the last job is in flight: "hold" (the default), "skip" or "allow"; None: "allow"
+    when ``concurrent`` is true (its alias), else "hold"."""
+    catchup_window: int = 0
+    """Seconds a slot may be late before it is missed instead of run; 0: unlimited."""
+    jitter: int = 0
+    """Each slot fires at a deterministic delay in [0, jitter) seconds; 0: none."""
+
+    @property
+    def policy(self) -> str:
+        """The overlap policy in force ("allow" for ``concurrent = true``)."""
+        if self.overlap is not None:
+            return self.overlap
+        return "allow" if self.concurrent else "hold"
+
     tenant: str | None = None  # whose task: its jobs carry it (``job.tenant``)
 
 
@@ -337,8 +352,36 @@ def _task(t: _Table, name: str, settings: SchedulerSettings) -> TaskSpec:
         concurrent=t.flag("concurrent"),
         max_consecutive_failures=t.integer(limit, 0) if limit in t.data else None,
         enabled=t.flag("enabled"),
+        overlap=_overlap(t),
+        catchup_window=t.integer("catchup_window", 0),
+        jitter=t.integer("jitter", 0),
         tenant=tenant,
     )
+
+
+OVERLAPS = ("hold", "skip", "allow")
+
+
+def overlap_problem(overlap: Any, concurrent: Any) -> tuple[str, str] | None:
+    """(key, why) when `overlap` is not a policy or contradicts `concurrent`; else None."""
+    if overlap is None:
+        return None
+    if not isinstance(overlap, str) or overlap not in OVERLAPS:
+        shown = repr(overlap) if isinstance(overlap, str) else _kind(overlap)
+        return "overlap", f"expected one of {', '.join(map(repr, OVERLAPS))}, got {shown}"
+    if concurrent and overlap != "allow":
+        return "concurrent", f"concurrent = true is overlap = 'allow', contradicting {overlap!r}"
+    return None
+
+
+def _overlap(t: _Table) -> str | None:
+    if "overlap" not in t.data:
+        return None
+    value = t.data["overlap"]
+    problem = overlap_problem(value, t.flag("concurrent"))
+    if problem is not None:
+        raise t.error(*problem)
+    return str(value)
 
 
 def _tasks(data: list[Any], path: str, settings: SchedulerSettings) -> tuple[TaskSpec, ...]:
@@ -348,6 +391,9 @@ def _tasks(data: list[Any], path: str, settings: SchedulerSettings) -> tuple[Tas
         "concurrent": False,
         "max_consecutive_failures": None,
         "enabled": True,
+        "overlap": None,
+        "catchup_window": 0,
+        "jitter": 0,
         "tenant": None,
     }
     seen: dict[str, int] = {}

@@ -9,6 +9,7 @@ wildcard or a step follows real time: both repeated hours run, the missing hour 
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import re
 import threading
@@ -19,7 +20,18 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterError, croniter
 from croniter.croniter import MARKER, HashExpander
 
-__all__ = ["has_fixed_hour", "hash_free", "next_after", "validate_cron", "validate_timezone"]
+__all__ = [
+    "dst_notes",
+    "first_run",
+    "has_fixed_hour",
+    "hash_free",
+    "jitter_delay",
+    "next_after",
+    "next_run",
+    "slot_of",
+    "validate_cron",
+    "validate_timezone",
+]
 
 NICKNAMES = frozenset(
     {"@hourly", "@daily", "@midnight", "@weekly", "@monthly", "@yearly", "@annually"}
@@ -254,3 +266,97 @@ def _next(expr: str, tz: str, hash_id: bytes | None, after_utc: datetime) -> dat
                 continue
             return utc
     raise RuntimeError(f"no slot found for cron {expr!r} in {tz} after {after_utc.isoformat()}")
+
+
+# -- jitter (SPEC §8) ----------------------------------------------------------------------
+_MS = timedelta(milliseconds=1)
+
+
+def jitter_delay(name: str, slot: datetime, seconds: int) -> timedelta:
+    """The deterministic delay in ``[0, seconds)`` (whole milliseconds) of `slot` of the task
+    `name`: the same on every host and every run, different from slot to slot and task to
+    task. Zero when `seconds` is 0."""
+    if seconds <= 0:
+        return timedelta(0)
+    key = f"{name}\x00{slot.astimezone(UTC).isoformat()}".encode()
+    drawn = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
+    return (drawn % (seconds * 1000)) * _MS
+
+
+def first_run(expr: str, tz: str, name: str, after: datetime, jitter: int = 0) -> datetime:
+    """The ``next_run_at`` of a row armed at `after` (sync, enable): its first slot after
+    `after`, delayed by its jitter."""
+    slot = next_after(expr, tz, after, name)
+    return slot + jitter_delay(name, slot, jitter)
+
+
+def next_run(expr: str, tz: str, name: str, after: datetime, jitter: int = 0) -> datetime:
+    """The ``next_run_at`` of the first slot whose jittered instant is after `after`: the
+    slot itself without jitter (:func:`next_after`)."""
+    if jitter <= 0:
+        return next_after(expr, tz, after, name)
+    slot = next_after(expr, tz, after - timedelta(seconds=jitter), name)
+    for _ in range(_MAX_SKIPS):
+        at = slot + jitter_delay(name, slot, jitter)
+        if at > after:
+            return at
+        slot = next_after(expr, tz, slot, name)
+    raise RuntimeError(f"no slot found for cron {expr!r} in {tz} after {after.isoformat()}")
+
+
+def slot_of(expr: str, tz: str, name: str, run_at: datetime, jitter: int = 0) -> datetime:
+    """The nominal slot a ``next_run_at`` stands for: the slot whose jittered instant it is,
+    else (a triggered row, or one whose jitter changed) `run_at` itself."""
+    if jitter <= 0:
+        return run_at
+    slot = next_after(expr, tz, run_at - timedelta(seconds=jitter), name)
+    while slot <= run_at:
+        if slot + jitter_delay(name, slot, jitter) == run_at:
+            return slot
+        slot = next_after(expr, tz, slot, name)
+    return run_at
+
+
+# -- the DST cases the decision log records (SPEC §9) --------------------------------------
+_UTC_ZONES = frozenset({"UTC", "Etc/UTC", "Etc/GMT", "GMT", "Etc/Universal", "Etc/Zulu"})
+
+
+def dst_notes(
+    expr: str, tz: str, name: str, after: datetime, slot: datetime
+) -> tuple[tuple[str, datetime], ...]:
+    """What the DST policy did on the way from `after` to `slot` (the next slot after it):
+    ``("dst_gap", slot)`` when `slot` is a fixed-time slot moved out of a spring-forward gap,
+    ``("dst_repeat", instant)`` for each repeated wall-clock instant of a fall-back that a
+    fixed-time task does not fire at. Empty for real-time (wildcard hour) tasks, which follow
+    real time, and for zones without DST."""
+    if tz in _UTC_ZONES or not has_fixed_hour(expr):
+        return ()
+    return _dst_notes(expr, tz, _hash_id(expr, name), after.astimezone(UTC), slot)
+
+
+@functools.lru_cache(maxsize=1024)
+def _dst_notes(
+    expr: str, tz: str, hash_id: bytes | None, after: datetime, slot: datetime
+) -> tuple[tuple[str, datetime], ...]:
+    zone = ZoneInfo(tz)
+    before, then = _offset(zone, after), _offset(zone, slot)
+    if before == then:
+        return ()
+    if then > before:  # spring forward: was the slot moved out of the gap?
+        free = expr if hash_id is None else hash_free(expr, hash_id.decode())
+        wall = slot.astimezone(zone).replace(tzinfo=None)
+        if expr.startswith("@") or croniter.match(free, wall):
+            return ()
+        return (("dst_gap", slot),)
+    found: list[tuple[str, datetime]] = []  # fall back: the repeats skipped before the slot
+    it = _iterator(expr, tz, hash_id)
+    with _lock:  # a cached iterator is stateful
+        it.set_current(after.timestamp(), force=True)
+        for _ in range(_MAX_SKIPS):
+            local: datetime = it.get_next(datetime)
+            utc = local.astimezone(UTC)
+            if utc >= slot:
+                break
+            if utc > after and _is_repeat(local):
+                found.append(("dst_repeat", utc))
+    return tuple(found)

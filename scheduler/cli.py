@@ -257,7 +257,8 @@ def tick(state: State, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report))
         return
-    _lines(report)
+    # The run policies' outcomes only when they happened (most tasks have none).
+    _lines({k: v for k, v in report.items() if v or k not in POLICY_OUTCOMES})
 
 
 @cli.command()
@@ -329,6 +330,68 @@ def status(state: State, as_json: bool) -> None:
     _print_status(data)
 
 
+@cli.command()
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@pass_state
+def explain(state: State, name: str, as_json: bool) -> None:
+    """Why task NAME ran, or did not, and what comes next.
+
+    Prints its state in one sentence, its run policies, its next 10 fire times in its zone and
+    in UTC (DST shifts marked), its last 20 decisions and its last 10 runs.
+    """
+    data = state.open().explain(name)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    _print_explain(data)
+
+
+def _print_explain(data: dict[str, Any]) -> None:
+    p = data["policies"]
+    window = f"{p['catchup_window']} s" if p["catchup_window"] else "unlimited"
+    jitter = f"{p['jitter']} s" if p["jitter"] else "off"
+    limit = p["max_consecutive_failures"] or "unlimited"
+    click.echo(f"task {data['name']}: {data['state']}")
+    click.echo(
+        f"policies: overlap {p['overlap']}, catchup_window {window}, jitter {jitter},"
+        f" max_consecutive_failures {limit}; cron {p['cron']!r} in {p['timezone']}"
+    )
+    click.echo(f"\nnext fires ({p['timezone']} | UTC):")
+    for fire in data["next_fires"]:
+        marks = []
+        if fire["dst"]:
+            marks.append(f"DST {fire['dst']}")
+        if fire["dst_case"] == "dst_gap":
+            marks.append("dst_gap: moved out of the spring-forward gap")
+        if fire["skipped_repeats"]:
+            marks.append("dst_repeat: the repeated hour is not fired again")
+        if fire["at"] != fire["slot"]:
+            marks.append(f"slot {fire['slot']} + jitter")
+        local = datetime.fromisoformat(fire["at"]).astimezone(ZoneInfo(p["timezone"]))
+        line = f"  {local:%Y-%m-%d %H:%M:%S %Z}  {fire['at']}"
+        click.echo(f"{line}  {'; '.join(marks)}".rstrip())
+    click.echo("\ndecisions (newest first):")
+    for d in data["decisions"]:
+        job = f" job {d['job_id']}" if d["job_id"] is not None else ""
+        why = f" ({d['reason']})" if d["reason"] else ""
+        detail = f": {d['detail']}" if d["detail"] else ""
+        click.echo(f"  {d['decided_at']}  {d['decision']:<15} slot {d['slot']}{job}{why}{detail}")
+    if not data["decisions"]:
+        click.echo("  none yet")
+    click.echo("\nruns (newest first):")
+    for r in data["runs"]:
+        code = f" {r['error_code']}" if r["error_code"] else ""
+        click.echo(
+            f"  {r['finished_at']}  job {r['job_id']} attempt {r['attempt']}"
+            f"  {r['outcome']}{code}  {r['worker'] or ''}".rstrip()
+        )
+    if not data["runs"]:
+        click.echo("  none yet")
+
+
+POLICY_OUTCOMES = ("skipped_overlap", "missed")
+
 TABLE_HEADER = "NAME|ENABLED|NEXT RUN (LOCAL)|NEXT RUN (UTC)|LAST JOB|FAILURES|WHY DISABLED"
 
 
@@ -345,8 +408,25 @@ def _table_row(row: dict[str, Any]) -> list[str]:
     return [row["name"], "yes" if row["enabled"] else "no", *when, state, failures, why]
 
 
+def policy_text(row: dict[str, Any]) -> str:
+    """A row's run policies in a few words: ``hold``, ``skip, window 300 s, jitter 60 s``."""
+    words = [str(row.get("overlap", "hold"))]
+    if row.get("catchup_window"):
+        words.append(f"window {row['catchup_window']} s")
+    if row.get("jitter"):
+        words.append(f"jitter {row['jitter']} s")
+    return ", ".join(words)
+
+
 def _print_status(data: dict[str, Any]) -> None:
     table = [TABLE_HEADER.split("|")] + [_table_row(r) for r in data["rows"]]
+    if any(policy_text(r) != "hold" for r in data["rows"]):  # the default needs no column
+        table = [
+            [*line[:-1], policy, line[-1]]
+            for line, policy in zip(
+                table, ["POLICY"] + [policy_text(r) for r in data["rows"]], strict=True
+            )
+        ]
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     for line in table if data["rows"] else []:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())

@@ -5,8 +5,9 @@ update won. Each receiver is called on its own: one that raises is logged and th
 run. blinker holds receivers by weak reference: connect module-level functions, or pass
 ``weak=False`` (a lambda or closure connected inside a function is collected and never fires).
 
-Senders: the task (row) name for ``row_disabled``, ``job_dispatched`` and ``job_rerun``; the
-handler name for the ``job_*`` outcome signals. Filter with ``connect(fn, sender="name")``.
+Senders: the task (row) name for ``row_disabled``, ``job_dispatched``, ``job_rerun`` and
+``slot_skipped``; the handler name for the ``job_*`` outcome signals. Filter with
+``connect(fn, sender="name")``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ job_rerun: NamedSignal = _signals.signal(
     "job-rerun",
     doc="The tick reset a row's aborted job in place. kw: row, job_id, consecutive_failures.",
 )
+slot_skipped: NamedSignal = _signals.signal(
+    "slot-skipped",
+    doc="A row's slot did not run: dropped while its last job was in flight (overlap skip),"
+    " older than its catch-up window, or passed while the row was disabled. kw: slot (the"
+    " nominal instant, aware UTC), decision (skipped_overlap, missed or paused), reason.",
+)
 job_succeeded: NamedSignal = _signals.signal(
     "job-succeeded", doc="A job finished. kw: job (a Job view)."
 )
@@ -58,6 +65,7 @@ __all__ = [
     "job_succeeded",
     "row_disabled",
     "send",
+    "slot_skipped",
 ]
 
 

@@ -147,6 +147,8 @@ def test_migrate_sync_tick_worker_status(db_url_sp: str, tmp_path: Path) -> None
         "held_back": [],
         "disabled": [],
         "lost_race": [],
+        "skipped_overlap": [],
+        "missed": [],
     }
     worker = run_cli(tmp_path, "worker", "--once", "--concurrency", "2")
     assert worker.returncode == 0, worker.stderr
@@ -393,3 +395,27 @@ def test_config_from_environment(tmp_path: Path, sqlite_template: Path) -> None:
     assert "insert:    nightly" in ok(
         run_cli(tmp_path, "sync", env={"SCHEDULER_CONFIG": str(path)})
     )
+
+
+def test_explain_prints_the_state_and_json_and_refuses_an_unknown_name(
+    tmp_path: Path, sqlite_template: Path
+) -> None:
+    db = tmp_path / "explain.db"
+    db.write_bytes(sqlite_template.read_bytes())
+    write_config(tmp_path, f"sqlite:///{db}", tasks=TASK + 'overlap = "skip"\njitter = 30\n')
+    ok(run_cli(tmp_path, "sync"))
+    ok(run_cli(tmp_path, "trigger", "nightly"))
+    ok(run_cli(tmp_path, "tick"))
+    text = ok(run_cli(tmp_path, "explain", "nightly")).splitlines()
+    assert text[0].startswith("task nightly: waiting: job 1 is queued to run at ")
+    assert text[1].startswith("policies: overlap skip, catchup_window unlimited, jitter 30 s")
+    assert "next fires (Europe/Berlin | UTC):" in text
+    assert any(" dispatched " in line and "job 1" in line for line in text)
+    data = json.loads(ok(run_cli(tmp_path, "explain", "nightly", "--json")))
+    assert [d["decision"] for d in data["decisions"]] == ["dispatched", "triggered"]
+    assert len(data["next_fires"]) == 10 and data["policies"]["jitter"] == 30
+    status = ok(run_cli(tmp_path, "status")).splitlines()
+    assert "POLICY" in status[0] and "skip, jitter 30 s" in status[1]
+    missing = run_cli(tmp_path, "explain", "nope")
+    assert missing.returncode == 1
+    assert one_error_line(missing) == "error: no task named 'nope' (run `scheduler sync`?)"

@@ -186,14 +186,15 @@ def test_click_through_every_page_and_action(browser: Any, site: tuple[Scheduler
 
     # Task page: state, next fires, disable with a reason, enable.
     page.click("a.name:has-text('nightly')")
-    assert page.locator("#state-sentence").inner_text().startswith("Healthy: job")
+    assert page.locator("#state-sentence").inner_text().startswith("scheduled: job")
     assert page.locator("table.fires tbody tr").count() == 10
     page.fill("input[name=reason]", "maintenance window")
     page.click("button:has-text('Disable')")
     assert "Disabled nightly: maintenance window" in page.locator(".flash").inner_text()
     row = app.get_row("nightly")
     assert row is not None and not row.enabled
-    assert page.locator("#state-sentence").inner_text().startswith("Disabled (manual)")
+    sentence = page.locator("#state-sentence").inner_text()
+    assert sentence.startswith("disabled (manual: maintenance window) since ")
     page.click("button:has-text('Enable')")
     assert app.get_row("nightly").enabled  # type: ignore[union-attr]
 

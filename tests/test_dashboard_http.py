@@ -5,6 +5,7 @@ Each refusal is checked twice: the status code, and that the database did not ch
 
 from __future__ import annotations
 
+import html
 import re
 import subprocess
 import sys
@@ -481,6 +482,19 @@ def test_with_credentials_metrics_take_http_basic_and_nothing_else(app: Schedule
     assert c.get("/metrics", headers={"Authorization": "Basic !!!"}).status_code == 401
     ok = c.get("/metrics", headers=basic("ops", PASSWORD))
     assert ok.status_code == 200 and "scheduler_tasks" in ok.text
+
+
+def test_the_task_page_shows_explain(app: Scheduler) -> None:
+    """The Task page is explain's data: its state sentence, policies and decisions."""
+    data = app.explain("nightly")
+    page = client(app).get("/tasks/nightly").text
+    assert data["state"].startswith("scheduled: job ")
+    assert html.escape(data["state"], quote=False) in page
+    assert "<h2>Decisions</h2>" in page
+    decisions = page.split("<h2>Decisions</h2>", 1)[1].split("</table>", 1)[0]
+    assert [d["decision"] for d in data["decisions"]] == ["dispatched", "triggered"]
+    assert "<td>dispatched</td>" in decisions and "<td>triggered</td>" in decisions
+    assert "catch-up window</dt><dd>unlimited" in page and "jitter</dt><dd>off" in page
 
 
 def test_actions_are_audited_as_the_signed_in_user_and_the_audit_page_lists_them(

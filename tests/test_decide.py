@@ -4,6 +4,7 @@ clock. A table of every case, then hypothesis over any row."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -14,7 +15,7 @@ from scheduler._tick.decide import (
     REASON_FAILURES,
     REASON_IN_FLIGHT,
     Action,
-    Decision,
+    Logged,
     decide,
 )
 from scheduler._tick.due import DueRow
@@ -107,7 +108,9 @@ def test_every_case_of_the_rule(
         max_consecutive_failures=global_limit,
         next_slot=slot,
     )
-    assert decision == Decision(action, written, NEXT if moves else None, reason)
+    got = (decision.action, decision.failures, decision.next_run_at, decision.reason)
+    assert got == (action, written, NEXT if moves else None, reason)
+    assert decision.slot == row(state).next_run_at  # the nominal slot served
 
 
 def test_the_next_slot_is_the_first_cron_slot_after_now() -> None:
@@ -182,4 +185,144 @@ def test_the_rule_over_any_row(due_row: DueRow, now: datetime, global_limit: int
         assert d.next_run_at is None
     assert len(asked) == (2 if d.action in (DISPATCH, RERUN) else 0)
     assert (d.reason is not None) == (d.action in (DISABLE, HOLD))
-    assert d.action in (DISPATCH, RERUN, HOLD, DISABLE)  # skip/missed/coalesced: not yet
+    assert d.action in (DISPATCH, RERUN, HOLD, DISABLE)  # no skip/missed without the policies
+
+
+# --- the run policies and the log entries ---------------------------------------------------
+SLOT = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+FIRST_ENTRY = {
+    Action.DISPATCH: Logged.DISPATCHED,
+    Action.RERUN: Logged.RERUN,
+    Action.HOLD_BACK: Logged.HELD_BACK,
+    Action.DISABLE: Logged.DISABLED,
+    Action.SKIP: Logged.SKIPPED_OVERLAP,
+    Action.MISSED: Logged.MISSED,
+}
+
+
+def policy_row(state: str | None, **policies: Any) -> DueRow:
+    return row(state)._replace(**policies)
+
+
+POLICY_CASES = [
+    # (state, policies) -> (action, first entry's job id, moves)
+    ((Q, {"overlap": "skip"}), (Action.SKIP, 41, True)),
+    ((C, {"overlap": "skip"}), (Action.SKIP, 41, True)),
+    ((S, {"overlap": "skip"}), (DISPATCH, None, True)),
+    ((Q, {"overlap": "allow"}), (DISPATCH, None, True)),
+    ((Q, {"overlap": "hold"}), (HOLD, 41, False)),
+    ((A, {"overlap": "skip"}), (RERUN, 41, True)),  # aborted comes before the gate
+    # 30 s late: within a 60 s window it runs, past a 10 s window it is missed, whatever the job
+    ((None, {"catchup_window": 60}), (DISPATCH, None, True)),
+    ((None, {"catchup_window": 10}), (Action.MISSED, None, True)),
+    ((Q, {"catchup_window": 10}), (Action.MISSED, None, True)),
+    ((A, {"catchup_window": 10}), (Action.MISSED, None, True)),
+]
+
+
+@pytest.mark.parametrize(
+    ("given_", "expected"), POLICY_CASES, ids=[str(c[0]) for c in POLICY_CASES]
+)
+def test_every_case_of_the_policies(
+    given_: tuple[str | None, dict[str, Any]], expected: tuple[Action, int | None, bool]
+) -> None:
+    state, policies = given_
+    action, job_id, moves = expected
+    d = decide(
+        policy_row(state, **policies),
+        NOW,
+        max_consecutive_failures=3,
+        next_slot=fixed_slot if moves else no_slot,
+    )
+    assert (d.action, d.next_run_at) == (action, NEXT if moves else None)
+    assert d.log[0].decision is FIRST_ENTRY[action] and d.log[0].slot == SLOT
+    assert d.log[0].job_id == job_id
+    assert d.log[0].new_job is (action is DISPATCH)
+
+
+def test_a_held_back_slot_is_logged_once() -> None:
+    first = decide(row(Q), NOW, max_consecutive_failures=3, next_slot=no_slot)
+    assert [e.decision for e in first.log] == [Logged.HELD_BACK] and first.writes
+    again = decide(
+        row(Q)._replace(held_slot=SLOT), NOW, max_consecutive_failures=3, next_slot=no_slot
+    )
+    assert again.action is HOLD and again.log == () and not again.writes
+    newer = decide(
+        row(Q)._replace(held_slot=SLOT - timedelta(hours=1)),
+        NOW,
+        max_consecutive_failures=3,
+        next_slot=no_slot,
+    )
+    assert newer.writes
+
+
+def test_coalesced_slots_and_dst_cases_join_the_entries() -> None:
+    moved = datetime(2030, 1, 1, 14, 0, tzinfo=UTC)
+    d = decide(
+        row(S),
+        NOW,
+        max_consecutive_failures=3,
+        next_slot=fixed_slot,
+        passed=lambda _r, served, now: 2 if (served, now) == (SLOT, NOW) else 0,
+        dst=lambda _r, now, following: (("dst_gap", following),),
+    )
+    assert [(e.decision, e.slot) for e in d.log] == [
+        (Logged.DISPATCHED, SLOT),
+        (Logged.COALESCED, SLOT),
+        (Logged.DST_GAP, NEXT),
+    ]
+    assert d.log[1].detail is not None and d.log[1].detail.startswith("2 later slot(s)")
+    assert d.log[1].new_job and moved > NEXT
+    # the nominal slot given (a jittered row) is the one logged
+    jittered = decide(
+        row(S), NOW, max_consecutive_failures=3, next_slot=fixed_slot, slot=SLOT - timedelta(1)
+    )
+    assert jittered.slot == jittered.log[0].slot == SLOT - timedelta(1)
+
+
+@given(
+    rows_,
+    nows,
+    st.sampled_from(["hold", "skip", "allow"]),
+    st.integers(0, 10**6),
+    st.booleans(),
+    st.integers(0, 5),
+)
+def test_the_policies_over_any_row(
+    due_row: DueRow, now: datetime, overlap: str, window: int, held: bool, merged: int
+) -> None:
+    due_at = min(due_row.next_run_at, now)  # a due row
+    due_row = due_row._replace(
+        overlap=overlap,
+        catchup_window=window,
+        held_slot=due_at if held else None,
+        next_run_at=due_at,
+    )
+    d = decide(
+        due_row,
+        now,
+        max_consecutive_failures=3,
+        next_slot=lambda _r, at: at + timedelta(minutes=1),
+        passed=lambda *_a: merged,
+    )
+    late = (now - due_row.next_run_at).total_seconds()
+    in_flight = due_row.job_state in (Q, C)
+    effective = "allow" if due_row.concurrent else overlap
+    if window and late > window:
+        assert d.action is Action.MISSED
+    elif due_row.job_state == A:
+        assert d.action in (RERUN, DISABLE)
+    elif in_flight and effective == "skip":
+        assert d.action is Action.SKIP
+    elif in_flight and effective == "hold":
+        assert d.action is HOLD
+        assert (d.log == ()) is held  # once per slot
+    else:
+        assert d.action is DISPATCH
+    assert (d.next_run_at is not None) == (d.action not in (HOLD, DISABLE))
+    if d.writes:
+        assert d.log[0].decision is FIRST_ENTRY[d.action]
+        assert all(e.slot == due_row.next_run_at for e in d.log)
+        coalesced = [e for e in d.log if e.decision is Logged.COALESCED]
+        assert len(coalesced) == (1 if merged and d.action in (DISPATCH, RERUN) else 0)
+    assert d.slot == due_row.next_run_at

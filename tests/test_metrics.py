@@ -375,3 +375,37 @@ def test_metrics_port_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
     assert str(raised.value) == "SCHEDULER_METRICS_PORT: expected a port (0 to 65535), got '946x'"
     monkeypatch.setenv("SCHEDULER_METRICS_PORT", "")
     assert parse_config({"metrics": {"port": 9464}}, "app.toml").metrics.port == 9464
+
+
+def test_the_run_policies_decisions_are_counted(tmp_path: Path) -> None:
+    """skipped_overlap and missed feed scheduler_tick_decisions_total like the others."""
+    from datetime import UTC, datetime, timedelta
+
+    from scheduler import TaskSpec
+    from scheduler.testing import ManualClock
+
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+    app = Scheduler(f"sqlite:///{tmp_path}/m.db", registry=Registry(), clock=ManualClock(t0))
+    app.migrate()
+    metrics = Metrics(app, cache_seconds=0)
+    try:
+        every = "*/10 * * * *"
+        app.sync(
+            [
+                TaskSpec("s", every, "h", {}, "UTC", overlap="skip"),
+                TaskSpec("m", every, "h", {}, "UTC", catchup_window=60),
+            ]
+        )
+        for minutes in (10, 20):
+            now = t0 + timedelta(minutes=minutes, seconds=61)
+            metrics.ticked(0.001, app.tick(now=now))
+        s = parse(generate_latest(metrics.registry).decode())
+        assert value(s, "scheduler_tick_decisions_total", decision="skipped_overlap") == 1
+        assert value(s, "scheduler_tick_decisions_total", decision="missed") == 2
+        metrics.ticked(0.001, app.tick(now=t0 + timedelta(minutes=30)))
+        s = parse(generate_latest(metrics.registry).decode())
+        assert value(s, "scheduler_tick_decisions_total", decision="skipped_overlap") == 2
+        assert value(s, "scheduler_tick_decisions_total", decision="dispatched") == 2
+    finally:
+        metrics.close()
+        app.close()

@@ -942,12 +942,14 @@ _COMMON = {
     "tick, idle, first of the process": (3, 2),  # due-row SELECT; record: UPDATE, INSERT
     "tick, idle": (1, 1),  # due-row SELECT (the record waits TICK_RECORD_SECONDS)
     "tick, idle, 5 s later": (2, 2),  # due-row SELECT; the record's UPDATE
-    "tick, one row dispatched": (3, 2),  # due-row SELECT; INSERT job + row compare-and-swap
+    # due-row SELECT; INSERT job + row compare-and-swap + its decision-log entry (issue 13)
+    "tick, one row dispatched": (4, 2),
     "work(), one job": (6, 5),
 }
 EXPECTED_COUNTS = {
     "sqlite": _COMMON,
-    # The dispatch is one statement (compare-and-swap and INSERT in one CTE), its own transaction.
+    # The dispatch is one statement (compare-and-swap, INSERT and log entry in one CTE), its own
+    # transaction.
     "postgresql": {**_COMMON, "tick, one row dispatched": (2, 2)},
     # No UPDATE ... RETURNING: SELECT ... SKIP LOCKED, UPDATE, SELECT the jobs won.
     "mysql": {**_COMMON, "claim": (3, 1), "work(), one job": (8, 5)},

@@ -17,9 +17,9 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from scheduler import Scheduler, TaskSpec
+from scheduler import Scheduler, TaskSpec, _cron
 from scheduler._handlers import Registry
-from scheduler._store.tables import jobs, rows
+from scheduler._store.tables import decisions, jobs, rows
 from scheduler.testing import ManualClock
 
 WORKER = Path(__file__).with_name("tick_race_worker.py")
@@ -170,5 +170,80 @@ def test_processes_dispatch_each_slot_exactly_once(db_url_sp: str, tmp_path: Pat
             )
             history = app.history(found.last_job_id)
             assert [h["outcome"] for h in history] == ["aborted"] * limit
+    finally:
+        app.close()
+
+
+SKIP_ROWS = ["skip-0", "skip-1", "skip-jitter"]
+JITTER_ROWS = ["jitter-0", "jitter-1", "jitter-2"]
+JITTER = 30
+
+
+def policy_tasks() -> list[TaskSpec]:
+    every = "* * * * *"
+    specs = [
+        TaskSpec(n, every, "race.never", {}, "UTC", overlap="skip", jitter=JITTER * n.endswith("r"))
+        for n in SKIP_ROWS
+    ]
+    specs += [TaskSpec(n, every, "race.ok", {}, "UTC", jitter=JITTER) for n in JITTER_ROWS]
+    return specs
+
+
+def jittered_slots(name: str) -> list[datetime]:
+    """The slots a jittered every-minute row dispatches over the racers' ticks, worked out with
+    the cron functions (the row was synced at BASE)."""
+    every = "* * * * *"
+    run_at = _cron.first_run(every, "UTC", name, BASE, JITTER)
+    found = []
+    for i in range(1, STEPS + 1):
+        if run_at <= minute(i):
+            found.append(_cron.slot_of(every, "UTC", name, run_at, JITTER))
+            run_at = _cron.next_run(every, "UTC", name, minute(i), JITTER)
+    return found
+
+
+def test_processes_skip_and_jitter_each_slot_once(db_url_sp: str, tmp_path: Path) -> None:
+    """overlap = "skip" and jitter under racing processes: every slot is dispatched or skipped
+    exactly once, its decision logged once, its signal sent once."""
+    processes = 2 if db_url_sp.startswith("sqlite") else 4
+    app = Scheduler(db_url_sp, registry=Registry(), clock=ManualClock(BASE))
+    try:
+        app.sync(policy_tasks())
+        reports = run_racers(db_url_sp, tmp_path, processes)
+        records = read_signals(tmp_path)
+        total = Counter[str]()
+        for report in reports:
+            total.update(report)
+
+        later = [minute(i).isoformat() for i in range(2, STEPS + 1)]
+        skipped = sorted((r["row"], r["slot"]) for r in records if r["signal"] == "skipped")
+        plain = {(n, s) for n in SKIP_ROWS[:2] for s in later}
+        jittered = {("skip-jitter", s.isoformat()) for s in jittered_slots("skip-jitter")[1:]}
+        assert skipped == sorted(plain | jittered)  # once each, by one process
+        assert total["skipped_overlap"] == len(skipped)
+        dispatched = sorted((r["row"], r["slot"]) for r in records if r["signal"] == "dispatched")
+        expected = {(n, minute(1).isoformat()) for n in SKIP_ROWS[:2]}
+        expected |= {("skip-jitter", jittered_slots("skip-jitter")[0].isoformat())}
+        expected |= {(n, s.isoformat()) for n in JITTER_ROWS for s in jittered_slots(n)}
+        assert dispatched == sorted(expected)
+        assert all(len(jittered_slots(n)) >= STEPS - 1 for n in JITTER_ROWS)
+
+        with app.store.read() as conn:
+            logged = conn.execute(
+                select(decisions.c.task_name, decisions.c.slot, decisions.c.decision)
+            ).all()
+            job_slots = conn.execute(select(jobs.c.task_name, jobs.c.slot)).all()
+        # the log agrees: one entry per slot and outcome, from the process that won it
+        counted = Counter((n, s.isoformat(), d) for n, s, d in logged)
+        assert max(counted.values()) == 1
+        assert {(n, s) for n, s, d in counted if d == "skipped_overlap"} == set(skipped)
+        assert {(n, s) for n, s, d in counted if d == "dispatched"} == set(dispatched)
+        # each job carries its nominal slot (a whole minute), the jitter only delays it
+        assert sorted((n, s.isoformat()) for n, s in job_slots) == dispatched
+        for name in JITTER_ROWS:
+            found = app.get_row(name)
+            assert found is not None and found.next_run_at is not None
+            delay = found.next_run_at - found.next_run_at.replace(second=0, microsecond=0)
+            assert timedelta(0) <= delay < timedelta(seconds=JITTER)
     finally:
         app.close()

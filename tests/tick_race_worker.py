@@ -5,7 +5,9 @@ Usage: ``python tick_race_worker.py URL DIR INDEX PROCESSES STEPS BASE_ISO``
 Every process ticks the same simulated instants ``BASE + i minutes`` (i = 1 .. STEPS), each
 followed by ``work()`` with its clock at that instant. A file barrier in DIR keeps them in step:
 nobody ticks instant i + 1 before every process has ticked and worked instant i, so all of them
-contend for every slot, and no slot is coalesced. Each process appends the signals it sent to
+contend for every slot, and no slot is coalesced. Handler ``race.never`` is on a queue nobody
+serves, so its job stays queued (overlap skip drops every later slot). Each process appends the
+signals it sent to
 ``DIR/signals-INDEX.jsonl`` (a ``row_disabled`` receiver also reads the row back through a
 new engine) and prints its summed tick report as one JSON line.
 """
@@ -22,6 +24,7 @@ from typing import Any
 
 from scheduler import PermanentError, Scheduler, signals
 from scheduler._handlers import Registry
+from scheduler._tick import TickReport
 from scheduler.testing import ManualClock
 
 BARRIER_TIMEOUT = 60.0
@@ -68,6 +71,10 @@ def main(url: str, directory: Path, index: int, processes: int, steps: int, base
     def fail(job: Any) -> None:
         raise PermanentError("race_failure")
 
+    @app.handler("race.never", queue="unserved")  # no racer claims it: its job stays queued
+    def never(job: Any) -> None:
+        raise AssertionError("the queue 'unserved' has no worker")
+
     out = os.open(directory / f"signals-{index}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
 
     def record(kind: str, **fields: Any) -> None:
@@ -76,6 +83,9 @@ def main(url: str, directory: Path, index: int, processes: int, steps: int, base
 
     def on_dispatched(sender: str, **kw: Any) -> None:
         record("dispatched", row=sender, job_id=kw["job_id"], slot=kw["slot"].isoformat())
+
+    def on_skipped(sender: str, **kw: Any) -> None:
+        record("skipped", row=sender, slot=kw["slot"].isoformat(), decision=kw["decision"])
 
     def on_rerun(sender: str, **kw: Any) -> None:
         record("rerun", row=sender, job_id=kw["job_id"], failures=kw["consecutive_failures"])
@@ -98,9 +108,10 @@ def main(url: str, directory: Path, index: int, processes: int, steps: int, base
             seen_reason=committed[1],
         )
 
-    totals = dict.fromkeys(("dispatched", "rerun", "held_back", "disabled", "lost_race"), 0)
+    totals = dict.fromkeys(TickReport().as_dict(), 0)
     with (
         signals.job_dispatched.connected_to(on_dispatched),
+        signals.slot_skipped.connected_to(on_skipped),
         signals.job_rerun.connected_to(on_rerun),
         signals.row_disabled.connected_to(on_disabled),
     ):

@@ -9,7 +9,12 @@ the row since the due query read it, and the row's transaction rolls back (``los
   conditional on the job still being ``aborted``;
 - disable: the swap (not enabled, why and when, the failure count, the alert's id); the alert
   goes out after the commit;
-- hold back: nothing is written, so no transaction at all.
+- skip, missed: the swap (the next slot); the ``slot_skipped`` signal follows the commit;
+- hold back: the first tick to hold a slot back writes the swap (``held_slot``) and its log
+  entry; the later ones write nothing, so no transaction at all.
+
+Each decision's log entries (``Decision.log``: ``dispatched``, ``held_back``, ``coalesced`` ...)
+are INSERTed into ``scheduler_decisions`` in the same transaction (``_store/decisions.py``).
 
 A fresh dispatch, the tick's hot path, runs its two statements on the driver's cursor
 (``_store/driver.py``). With more than one connection configured (not on SQLite, which has one
@@ -24,6 +29,7 @@ import functools
 import logging
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, insert, literal_column, update
@@ -32,10 +38,11 @@ from sqlalchemy.exc import DBAPIError
 from .. import _retry, signals
 from .._alerts import Alert, cause, deliver
 from .._store import Store
+from .._store import decisions as _decisions
 from .._store import jobs as _jobs
 from .._store.driver import Prepared, PreparedSet
 from .._store.tables import JobState, jobs, rows
-from .._tick.decide import Action, Decision
+from .._tick.decide import Action, Decision, Logged
 from .._tick.due import DueRow
 from .._tick.report import Outcome
 from . import Carried, Decided, Done, Work
@@ -48,7 +55,9 @@ _P = bindparam
 # The new job's values are _jobs.new_job_values', each a parameter named "j_" + its column.
 JOB_COLUMNS: tuple[str, ...] = ("handler", "payload", "queue", "priority", "run_at", "state")
 JOB_COLUMNS += ("attempts", "max_attempts", "dedupe_key", "task_name", "created_at", "tenant")
+JOB_COLUMNS += ("slot",)
 JOB_PARAMS = {c: _P(f"j_{c}", type_=jobs.c[c].type) for c in JOB_COLUMNS}
+_JOB_KEYS = {c: f"j_{c}" for c in JOB_COLUMNS}  # made once: a dispatch renames every column
 # The row's compare-and-swap of a fresh dispatch: parameters "r_" + what they set.
 SWAP_VALUES = {
     "version": rows.c.version + literal_column("1"),
@@ -91,6 +100,7 @@ _RESET_JOB = _jobs.by_id(  # through the primary key on MariaDB/MySQL (see _jobs
         payload=_P("p_payload"),
         tenant=_P("p_tenant"),
         run_at=_P("p_now"),
+        slot=_P("p_slot"),
         last_error_code=None,
         lease_owner=None,
         lease_expires_at=None,
@@ -121,9 +131,11 @@ def fresh_params(row: DueRow, decision: Decision, work: Work) -> dict[str, Any]:
         queue=queue,
         task_name=row.name,
     )
-    params = {f"j_{column}": value for column, value in job.items()}
+    keys = _JOB_KEYS
+    params = {keys[column]: value for column, value in job.items()}
     params["j_tenant"] = row.tenant
     params.update(
+        j_slot=decision.slot if decision.slot is not None else row.next_run_at,
         p_now=work.now,
         r_id=row.id,
         r_version=row.version,
@@ -133,14 +145,40 @@ def fresh_params(row: DueRow, decision: Decision, work: Work) -> dict[str, Any]:
     return params
 
 
-def dispatched(row: DueRow, job_id: int) -> Done:
-    """A fresh dispatch that committed: the ``job_dispatched`` signal follows."""
+def log_params(
+    row: DueRow, decision: Decision, work: Work, job_id: int | None
+) -> list[dict[str, Any]]:
+    """The parameters of the decision's log entries; `job_id`: the job it created, if any."""
+    return [
+        {
+            "d_task_name": row.name,
+            "d_slot": entry.slot,
+            "d_decided_at": work.now,
+            "d_decision": entry.decision.value,
+            "d_job_id": job_id if entry.new_job else entry.job_id,
+            "d_reason": entry.reason,
+            "d_detail": None if entry.detail is None else entry.detail[:500],
+        }
+        for entry in decision.log
+    ]
+
+
+def _log(
+    conn: Connection, row: DueRow, decision: Decision, work: Work, job_id: int | None = None
+) -> None:
+    if decision.log:
+        _decisions.write(conn, log_params(row, decision, work, job_id))
+
+
+def dispatched(row: DueRow, job_id: int, slot: datetime | None = None) -> Done:
+    """A fresh dispatch that committed: the ``job_dispatched`` signal follows (with the
+    nominal `slot`, before jitter; the row's ``next_run_at`` when not given)."""
     return Outcome.DISPATCHED, lambda _conn: signals.send(
         signals.job_dispatched,
         row.name,
         row=row.name,
         job_id=job_id,
-        slot=row.next_run_at,
+        slot=row.next_run_at if slot is None else slot,
     )
 
 
@@ -187,6 +225,7 @@ def _disable(conn: Connection, row: DueRow, decision: Decision, work: Work) -> D
     )
     assert row.last_job_id is not None  # an aborted last job is what disables a row
     alert = Alert(row.id, row.name, decision.failures, code, row.last_job_id, work.now, alert_id)
+    _log(conn, row, decision, work)
     return Outcome.DISABLED, lambda after: deliver(after, alert)
 
 
@@ -209,10 +248,12 @@ def _rerun(conn: Connection, row: DueRow, decision: Decision, work: Work) -> Don
             "p_payload": row.payload,
             "p_tenant": row.tenant,
             "p_now": work.now,
+            "p_slot": decision.slot if decision.slot is not None else row.next_run_at,
         },
     )
     if reset.rowcount != 1:
         raise _Rollback(Outcome.LOST_RACE)
+    _log(conn, row, decision, work)
     return Outcome.RERUN, lambda _conn: signals.send(
         signals.job_rerun,
         row.name,
@@ -229,15 +270,50 @@ def _dispatch(conn: Connection, row: DueRow, decision: Decision, work: Work) -> 
     params["r_job_id"] = job_id
     if _POINT_ROW.on(conn).run(conn, params).rowcount != 1:
         raise _Rollback(Outcome.LOST_RACE)
-    return dispatched(row, job_id)
+    _log(conn, row, decision, work, job_id)
+    return dispatched(row, job_id, decision.slot)
 
 
-_WRITES = {Action.DISABLE: _disable, Action.RERUN: _rerun, Action.DISPATCH: _dispatch}
+def _hold_back(conn: Connection, row: DueRow, decision: Decision, work: Work) -> Done:
+    """The first hold of a slot: ``held_slot`` and its entry (later ones write nothing)."""
+    _swap(conn, row, work, held_slot=decision.slot)
+    _log(conn, row, decision, work)
+    return Outcome.HELD_BACK, None
+
+
+def skipped(row: DueRow, decision: Decision, outcome: Outcome) -> Done:
+    """A slot that did not run: the ``slot_skipped`` signal follows the commit."""
+    logged = Logged.SKIPPED_OVERLAP if outcome is Outcome.SKIPPED_OVERLAP else Logged.MISSED
+    return outcome, lambda _conn: signals.send(
+        signals.slot_skipped,
+        row.name,
+        slot=decision.slot if decision.slot is not None else row.next_run_at,
+        decision=str(logged),
+        reason=decision.reason,
+    )
+
+
+def _move_on(conn: Connection, row: DueRow, decision: Decision, work: Work) -> Done:
+    """Skip or missed: the row moves to its next slot and nothing runs."""
+    _swap(conn, row, work, next_run_at=decision.next_run_at)
+    _log(conn, row, decision, work)
+    outcome = Outcome.SKIPPED_OVERLAP if decision.action is Action.SKIP else Outcome.MISSED
+    return skipped(row, decision, outcome)
+
+
+_WRITES = {
+    Action.DISABLE: _disable,
+    Action.RERUN: _rerun,
+    Action.DISPATCH: _dispatch,
+    Action.HOLD_BACK: _hold_back,
+    Action.SKIP: _move_on,
+    Action.MISSED: _move_on,
+}
 
 
 def carry_out_row(conn: Connection, row: DueRow, decision: Decision, work: Work) -> Done:
-    """One decision in its own transaction on `conn` (a hold back needs none)."""
-    if decision.action is Action.HOLD_BACK:
+    """One decision in its own transaction on `conn` (a repeated hold back needs none)."""
+    if not decision.writes:
         return Outcome.HELD_BACK, None
     write = _WRITES.get(decision.action)
     if write is None:

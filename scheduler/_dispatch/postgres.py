@@ -2,14 +2,16 @@
 dispatches run at once over several connections.
 
 The statement is a data-modifying CTE: the row's compare-and-swap takes the new job's id from
-the jobs' sequence, and the job's INSERT runs only for the row it returns (none if the swap
-missed: ``lost_race``). One statement is one round trip, and it is its own transaction (the
-driver's implicit one, committed at once). Run one after another, every row would wait for its
-commit's WAL flush; run on several connections at once (``pipeline.py``), the commits that wait
-together share a flush.
+the jobs' sequence, and the job's INSERT and its ``dispatched`` log entry run only for the row
+it returns (none if the swap missed: ``lost_race``). One statement is one round trip, and it
+is its own transaction (the driver's implicit one, committed at once). Run one after another,
+every row would wait for its commit's WAL flush; run on several connections at once
+(``pipeline.py``), the commits that wait together share a flush.
 
-The other decisions (rerun, disable, hold back) are few; they go through the portable writes,
-one by one on the tick's connection, before the fresh dispatches are sent.
+The other decisions (rerun, disable, the first hold back of a slot, skip, missed), and a
+dispatch with more entries than its ``dispatched`` one (``coalesced``, a DST case), are few;
+they go through the portable writes, one by one on the tick's connection, before the fresh
+dispatches are sent.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from sqlalchemy import Connection, func, insert, literal_column, select, update
 from sqlalchemy.sql import ClauseElement
 
 from .._store import Store
+from .._store import decisions as _decisions
 from .._store.driver import PreparedSet
-from .._store.tables import jobs, rows
-from .._tick.decide import Action
+from .._store.tables import decisions, jobs, rows
+from .._tick.decide import Action, Decision, Logged
+from .._tick.due import DueRow
 from .._tick.report import Outcome
 from . import Carried, Decided, Work
 from .pipeline import UNSENT, Spread
@@ -38,6 +42,7 @@ from .portable import (
     carry_out_row,
     dispatched,
     fresh_params,
+    log_params,
 )
 
 log = logging.getLogger(__name__)
@@ -56,9 +61,32 @@ def build_dispatch(_dialect: str) -> ClauseElement:
         .returning(rows.c.last_job_id)
         .cte("swapped")
     )
+    entry = {**_decisions.PARAMS, "job_id": swapped.c.last_job_id}
+    logged = (
+        insert(decisions)
+        .from_select(list(_decisions.COLUMNS), select(*(entry[c] for c in _decisions.COLUMNS)))
+        .cte("logged")
+    )
     source = select(swapped.c.last_job_id, *(JOB_PARAMS[c] for c in JOB_COLUMNS))
     columns = [jobs.c.id, *(jobs.c[c] for c in JOB_COLUMNS)]
-    return insert(jobs).from_select(columns, source).returning(jobs.c.id)
+    return insert(jobs).from_select(columns, source).returning(jobs.c.id).add_cte(logged)
+
+
+def _one_statement(decision: Decision) -> bool:
+    """A fresh dispatch whose only log entry is its ``dispatched`` one."""
+    return (
+        decision.action is Action.DISPATCH
+        and len(decision.log) == 1
+        and decision.log[0].decision is Logged.DISPATCHED
+    )
+
+
+def _params(row: DueRow, decision: Decision, work: Work) -> dict[str, Any]:
+    params = fresh_params(row, decision, work)
+    [entry] = log_params(row, decision, work, None)
+    del entry["d_job_id"]  # the swap's new job id
+    params.update(entry)
+    return params
 
 
 _DISPATCH = PreparedSet(build_dispatch, Spread)
@@ -74,7 +102,7 @@ class PostgresDispatcher:
         fresh: list[Decided] = []
         try:
             for row, decision in decided:
-                if decision.action is Action.DISPATCH:
+                if _one_statement(decision):
                     fresh.append((row, decision))
                 else:
                     carried.done[row.id] = carry_out_row(conn, row, decision, work)
@@ -104,10 +132,10 @@ class PostgresDispatcher:
             found = _DISPATCH.on(conn).run(
                 lane_connections(),
                 fresh,
-                lambda item: fresh_params(item[0], item[1], work),
+                lambda item: _params(item[0], item[1], work),
                 stop_on_none=True,  # a lost race: the rest of the batch is likely stale too
             )
-        for (row, _decision), job_id in zip(fresh, found, strict=True):
+        for (row, decision), job_id in zip(fresh, found, strict=True):
             if job_id is UNSENT:
                 continue  # still due: the tick comes back for it, or another process has it
             if isinstance(job_id, BaseException):
@@ -115,4 +143,4 @@ class PostgresDispatcher:
             elif job_id is None:
                 carried.done[row.id] = (Outcome.LOST_RACE, None)
             else:
-                carried.done[row.id] = dispatched(row, job_id)
+                carried.done[row.id] = dispatched(row, job_id, decision.slot)

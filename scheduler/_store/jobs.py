@@ -531,6 +531,7 @@ def _run_values(
         "outcome": outcome,
         "error_code": error_code,
         "worker": worker,
+        "slot": job.slot,
     }
 
 

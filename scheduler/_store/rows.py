@@ -11,8 +11,10 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, insert, select, update
 
 from .. import _cron
+from .._config import overlap_problem
 from .._errors import ConfigError, SchedulerError, UnknownRow
 from .._payload import decode_payload, encode_payload
+from . import decisions as _decisions
 from .jobs import tenant_problem
 from .tables import jobs, rows
 
@@ -44,6 +46,12 @@ class TaskRow:
     version: int
     last_error_code: str | None = None
     """The stable error code of the row's last job (None while it has not failed)."""
+    overlap: str = "hold"
+    """While the last job is in flight: hold, skip or allow (``concurrent`` is allow)."""
+    catchup_window: int = 0
+    """Seconds a slot may be late before it is missed; 0: unlimited."""
+    jitter: int = 0
+    """Seconds of deterministic delay range per slot; 0: none."""
     disabled_note: str | None = None
     """The operator's words with a disable (``disable --reason``); cleared by ``enable``."""
 
@@ -75,6 +83,9 @@ def _view(r: Any) -> TaskRow:
         disabled_at=m["disabled_at"],
         version=m["version"],
         last_error_code=m["last_job_error"],
+        overlap=m["overlap"],
+        catchup_window=m["catchup_window"],
+        jitter=m["jitter"],
         disabled_note=m["disabled_note"],
     )
 
@@ -98,8 +109,53 @@ def _write(conn: Connection, name: str, now: datetime, **values: Any) -> None:
         raise UnknownRow(f"no task named {name!r} (run `scheduler sync`?)")
 
 
-def enable(conn: Connection, name: str, now: datetime) -> bool:
-    """Re-enable: reset the failure count and re-arm from now."""
+PAUSED_LOGGED = 100
+"""Slots passed while disabled that get an entry each; the rest are counted in the last one."""
+_PAUSED_COUNTED = 10_000
+
+
+def paused_slots(row: TaskRow, now: datetime) -> tuple[list[datetime], int]:
+    """The slots of a disabled `row` that passed by `now` (from the one it was due at when
+    disabled): the first :data:`PAUSED_LOGGED`, and how many more (counted up to 10,000)."""
+    return _passed_slots(row.cron, row.timezone, row.name, row.jitter, row.next_run_at, now)
+
+
+def _passed_slots(
+    cron: str, tz: str, name: str, jitter: int, was_due: datetime | None, now: datetime
+) -> tuple[list[datetime], int]:
+    if was_due is None:
+        return [], 0
+    slot = _cron.slot_of(cron, tz, name, was_due, jitter)
+    found: list[datetime] = []
+    more = 0
+    while slot <= now and more < _PAUSED_COUNTED:
+        if len(found) < PAUSED_LOGGED:
+            found.append(slot)
+        else:
+            more += 1
+        slot = _cron.next_after(cron, tz, slot, name)
+    return found, more
+
+
+def _log_paused(
+    conn: Connection, name: str, slots: list[datetime], more: int, reason: str, now: datetime
+) -> None:
+    entries = [
+        _decisions.entry_params(name, "paused", slot, now, None, reason, None) for slot in slots
+    ]
+    if more:
+        entries[-1]["d_detail"] = f"and {more:,}{'+' if more >= _PAUSED_COUNTED else ''} more"
+    _decisions.write(conn, entries)
+
+
+def enable(
+    conn: Connection,
+    name: str,
+    now: datetime,
+    paused: list[tuple[datetime, str]] | None = None,
+) -> bool:
+    """Re-enable: reset the failure count and re-arm from now. The slots that passed while the
+    row was disabled are logged as ``paused`` (and appended to `paused`, for the signals)."""
     row = get_row(conn, name)
     if row is None:
         raise UnknownRow(f"no task named {name!r} (run `scheduler sync`?)")
@@ -114,8 +170,13 @@ def enable(conn: Connection, name: str, now: datetime) -> bool:
         disabled_at=None,
         disabled_note=None,
         consecutive_failures=0,
-        next_run_at=_cron.next_after(row.cron, row.timezone, now, row.name),
+        next_run_at=_cron.first_run(row.cron, row.timezone, row.name, now, row.jitter),
     )
+    slots, more = paused_slots(row, now)
+    reason = row.disabled_reason or REASON_MANUAL
+    _log_paused(conn, name, slots, more, reason, now)
+    if paused is not None:
+        paused.extend((slot, reason) for slot in slots)
     return True
 
 
@@ -140,6 +201,7 @@ def trigger(conn: Connection, name: str, now: datetime) -> None:
     if not row.enabled:
         raise SchedulerError(f"task {name!r} is disabled ({row.disabled_reason}): enable it first")
     _write(conn, name, now, next_run_at=now)
+    _decisions.record(conn, name, "triggered", now, now, reason=REASON_MANUAL)
 
 
 # -- sync ---------------------------------------------------------------------------------
@@ -151,6 +213,9 @@ class SyncPlan:
     update: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     disable: list[str] = field(default_factory=list)
+    paused: list[tuple[str, datetime, str]] = field(default_factory=list)
+    """(row, slot, reason) of the slots that passed while a row the file re-enables was
+    disabled: logged as ``paused``; ``Scheduler.sync`` sends ``slot_skipped`` for each."""
 
     def as_dict(self) -> dict[str, list[str]]:
         return {
@@ -162,17 +227,13 @@ class SyncPlan:
 
 
 # The columns a task's definition sets, compared in this order against the stored row.
-_DEFINITION = (
-    "handler",
-    "payload",
-    "cron",
-    "timezone",
-    "concurrent",
-    "max_consecutive_failures",
-    "tenant",
-)
-_READ = ("name", *_DEFINITION, "enabled", "disabled_reason")
+_DEFINITION: tuple[str, ...] = ("handler", "payload", "cron", "timezone", "concurrent")
+_DEFINITION += ("max_consecutive_failures", "tenant", "overlap", "catchup_window", "jitter")
+# A change of one of these moves ``next_run_at``.
+_SCHEDULE = ("cron", "timezone", "jitter")
+_READ = ("name", *_DEFINITION, "enabled", "disabled_reason", "next_run_at")
 _ENABLED, _REASON = len(_DEFINITION) + 1, len(_DEFINITION) + 2
+_NEXT_RUN = _REASON + 1
 # A new row's columns, in the order of the tuples sync builds.
 _INSERTED = (
     "name",
@@ -191,6 +252,7 @@ _PLACEHOLDER = {"qmark": "?", "format": "%s", "pyformat": "%s"}
 
 
 _MAX_NAME = 200  # the name and handler columns' length
+_MAX_INT = 2**31 - 1  # an INTEGER column on every engine
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # Unicode category Cc
 
 
@@ -214,6 +276,22 @@ def _bad_name(value: Any) -> str | None:
     return None
 
 
+def _check_policies(task: Any) -> None:
+    """The run policies of a task built in Python, checked as the TOML loader checks them."""
+    contradiction = overlap_problem(getattr(task, "overlap", None), task.concurrent)
+    if contradiction is not None:
+        raise ConfigError(f"task {task.name!r}: key {contradiction[0]!r}: {contradiction[1]}")
+    for key in ("catchup_window", "jitter"):
+        value = getattr(task, key, 0)
+        if not isinstance(value, int) or isinstance(value, bool):
+            problem = f"expected an integer number of seconds, got {value!r}"
+        elif not 0 <= value <= _MAX_INT:
+            problem = f"must be from 0 to {_MAX_INT} seconds, got {value}"
+        else:
+            continue
+        raise ConfigError(f"task {task.name!r}: key {key!r}: {problem}")
+
+
 def check_task(task: Any, payload_limit: int, stored: Any = None) -> tuple[str, str | None]:
     """Validate a task built in Python the way the TOML loader validates the file's; return
     its payload as stored (compact JSON) and its cron's H-free form (:func:`_cron.hash_free`).
@@ -224,6 +302,7 @@ def check_task(task: Any, payload_limit: int, stored: Any = None) -> tuple[str, 
     the payload is checked and the H-free form is None: nothing needs the next slot of a
     schedule that did not change. The payload is always checked: the limit may have changed.
     """
+    _check_policies(task)  # checked on both paths: they may have changed
     tenant = getattr(task, "tenant", None)  # checked on both paths: it may have changed
     if tenant is not None and (problem := tenant_problem(tenant)) is not None:
         raise ConfigError(f"task {task.name!r}: key 'tenant': {problem}")
@@ -309,6 +388,8 @@ class _Slots:
         self.found: dict[tuple[str, str, str], datetime] = {}
 
     def next(self, task: Any, free: str | None) -> datetime:
+        if task.jitter:  # a delay of its own per task
+            return _cron.first_run(task.cron, task.timezone, task.name, self.now, task.jitter)
         if free is None:  # a schedule the check did not draw (unchanged): draw it now
             free = _cron.hash_free(task.cron, task.name)
         key = (task.cron, task.timezone, free)
@@ -343,6 +424,7 @@ def sync(
             raise ConfigError(f"task {task.name!r}: key 'name': duplicate task name")
         seen.add(task.name)
     plan = SyncPlan()
+    paused: list[tuple[Any, datetime | None, str]] = []
     slots = _Slots(now)
     inserts: list[tuple[Any, ...]] = []
     updates: dict[tuple[str, ...], list[dict[str, Any]]] = {}
@@ -352,9 +434,12 @@ def sync(
             payload,
             task.cron,
             task.timezone,
-            bool(task.concurrent),
+            task.policy == "allow",  # concurrent: kept in step with overlap
             task.max_consecutive_failures,
             getattr(task, "tenant", None),
+            task.policy,
+            task.catchup_window,
+            task.jitter,
         )
         current = existing.get(task.name)
         if current is None:
@@ -385,10 +470,12 @@ def sync(
                 )
                 if old != value
             }
-            if "cron" in changes or "timezone" in changes:
+            if any(key in changes for key in _SCHEDULE):
                 changes["next_run_at"] = None  # computed below, unless dry
         was_enabled = bool(current[_ENABLED])
         if task.enabled and not was_enabled and current[_REASON] in _CONFIG_REASONS:
+            if not dry_run:  # the slots that passed while the file had it disabled
+                paused.append((task, current[_NEXT_RUN], current[_REASON]))
             changes.update(
                 enabled=True,
                 disabled_reason=None,
@@ -426,4 +513,8 @@ def sync(
     if removed:
         fixed = dict(enabled=False, disabled_reason=REASON_REMOVED, disabled_at=now)
         conn.execute(_update_by_name(now, (), **fixed), removed)
+    for task, was_due, reason in paused:
+        passed, more = _passed_slots(task.cron, task.timezone, task.name, task.jitter, was_due, now)
+        _log_paused(conn, task.name, passed, more, reason, now)
+        plan.paused.extend((task.name, slot, reason) for slot in passed)
     return plan

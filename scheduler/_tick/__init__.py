@@ -14,14 +14,16 @@ from .due import DueRow
 from .loop import tick
 from .report import Outcome, TickReport
 
-DISPATCHED, RERUN, HELD_BACK, DISABLED, LOST_RACE = Outcome
+DISPATCHED, RERUN, HELD_BACK, DISABLED, LOST_RACE, SKIPPED_OVERLAP, MISSED = Outcome
 
 __all__ = [
     "DISABLED",
     "DISPATCHED",
     "HELD_BACK",
     "LOST_RACE",
+    "MISSED",
     "RERUN",
+    "SKIPPED_OVERLAP",
     "Action",
     "Decision",
     "DueRow",

@@ -38,6 +38,14 @@ class DueRow(NamedTuple):
     """The last job's state (a :class:`~scheduler._store.tables.JobState` value), None if none."""
     job_error: str | None
     """The last job's ``last_error_code``."""
+    overlap: str = "hold"
+    """The run policy for a slot while the last job is in flight: hold, skip or allow."""
+    catchup_window: int = 0
+    """Seconds a due slot may be late before it is missed instead of run; 0: unlimited."""
+    jitter: int = 0
+    """Seconds of deterministic delay range added to each slot; 0: none."""
+    held_slot: datetime | None = None
+    """The slot whose ``held_back`` entry is already in the decision log."""
     tenant: str | None = None
     """The row's tenant, copied into the jobs it dispatches (and reruns)."""
 
@@ -63,6 +71,10 @@ _DUE = (
         rows.c.version,
         jobs.c.state.label("job_state"),
         jobs.c.last_error_code.label("job_error"),
+        rows.c.overlap,
+        rows.c.catchup_window,
+        rows.c.jitter,
+        rows.c.held_slot,
         rows.c.tenant,
     )
     .select_from(rows.outerjoin(jobs, jobs.c.id == rows.c.last_job_id))

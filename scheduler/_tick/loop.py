@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import random
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Connection
 
@@ -35,8 +36,43 @@ _random = random.Random()  # where a tick that met another goes on; not a secret
 
 
 def next_slot(row: DueRow, now: datetime) -> datetime:
-    """The row's first cron slot after `now`, in its timezone."""
-    return _cron.next_after(row.cron, row.timezone, now, row.name)
+    """The row's next ``next_run_at``: its first cron slot after `now`, in its timezone (with
+    its jitter, the first slot whose delayed instant is after `now`)."""
+    if not row.jitter:
+        return _cron.next_after(row.cron, row.timezone, now, row.name)
+    return _cron.next_run(row.cron, row.timezone, row.name, now, row.jitter)
+
+
+def nominal_slot(row: DueRow) -> datetime:
+    """The slot the row's ``next_run_at`` stands for (the same instant without jitter)."""
+    if not row.jitter:
+        return row.next_run_at
+    return _cron.slot_of(row.cron, row.timezone, row.name, row.next_run_at, row.jitter)
+
+
+MAX_COUNTED = 1000
+"""Coalesced slots are counted up to this many (a per-second task down for a day)."""
+
+
+def passed(row: DueRow, slot: datetime, now: datetime) -> int:
+    """How many of the row's slots after `slot` were due by `now` (merged into this run)."""
+    count = 0
+    at = _cron.next_after(row.cron, row.timezone, slot, row.name)
+    if at > now:
+        return 0
+    while at <= now and count < MAX_COUNTED:
+        if at + _cron.jitter_delay(row.name, at, row.jitter) <= now:
+            count += 1
+        at = _cron.next_after(row.cron, row.timezone, at, row.name)
+    return count
+
+
+def dst_cases(row: DueRow, now: datetime, following: datetime) -> tuple[tuple[str, datetime], ...]:
+    """The DST cases between `now` and the row's next slot (``following``, jittered)."""
+    slot = following
+    if row.jitter:
+        slot = _cron.slot_of(row.cron, row.timezone, row.name, following, row.jitter)
+    return _cron.dst_notes(row.cron, row.timezone, row.name, now, slot)
 
 
 def tick(
@@ -93,13 +129,32 @@ def _carry_out(
         return 0
     decided: list[Decided] = []
     failure: BaseException | None = None
+    # A burst's rows share their slot and their schedule: equal instants are made one object
+    # (the driver converts a parameter once per object), and whether later slots passed is
+    # worked out once per schedule and slot.
+    instants: dict[datetime, datetime] = {}
+    merged: dict[tuple[str, ...] | tuple[str, str, datetime, int], int] = {}
+
+    def passed_once(row: DueRow, slot: datetime, now: datetime) -> int:
+        key: Any = (row.cron, row.timezone, slot, row.jitter)
+        if row.jitter or "h" in row.cron or "H" in row.cron:  # drawn from the name
+            key = (*key, row.name)
+        found = merged.get(key)
+        if found is None:
+            found = merged[key] = passed(row, slot, now)
+        return found
+
     for row in batch:
         try:
+            served = nominal_slot(row) if row.jitter else row.next_run_at
             decision = decide(
                 row,
                 work.now,
                 max_consecutive_failures=max_consecutive_failures,
                 next_slot=next_slot,
+                slot=instants.setdefault(served, served),
+                passed=passed_once,
+                dst=dst_cases,
             )
         except Exception as exc:  # carry out the rows before it, then raise
             failure = exc

@@ -22,6 +22,10 @@ class Outcome(StrEnum):
     """The row was disabled after too many consecutive failures (the disable committed)."""
     LOST_RACE = "lost_race"
     """Another process wrote the row since it was read: this tick wrote nothing for it."""
+    SKIPPED_OVERLAP = "skipped_overlap"
+    """The slot was dropped (overlap ``skip``: the last job is in flight); the row moved on."""
+    MISSED = "missed"
+    """The slot was older than the row's catch-up window: not run; the row moved on."""
 
 
 @dataclass
@@ -33,6 +37,8 @@ class TickReport:
     held_back: list[str] = field(default_factory=list)
     disabled: list[str] = field(default_factory=list)
     lost_race: list[str] = field(default_factory=list)
+    skipped_overlap: list[str] = field(default_factory=list)
+    missed: list[str] = field(default_factory=list)
 
     def add(self, outcome: str, name: str) -> None:
         getattr(self, outcome).append(name)

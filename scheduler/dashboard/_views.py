@@ -1,8 +1,8 @@
 """What each page shows, built from the app's reads; no HTTP here.
 
-The Task page's data has the shape ``explain`` will return (issue 13): a state sentence, the
-next fires, decisions and runs. Until ``Scheduler.explain`` exists, the sentence and the fires
-are worked out here from the row and its last job, and ``decisions`` is None.
+The Task page shows what ``explain`` returns (scheduler/_explain.py): the state sentence, the
+decisions and the policies, read in explain's three statements; the next fires are drawn here
+(the :class:`Fire` the template marks).
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from .. import _cron
-from .._store.jobs import Job
 from .._store.rows import TaskRow
-from . import _queries
 
 if TYPE_CHECKING:
     from .._app import Scheduler
@@ -62,90 +60,35 @@ def _at(value: datetime | None, zone: str = "UTC") -> str:
     return f"{local:%Y-%m-%d %H:%M:%S} {local.tzname()}{utc}"
 
 
-def state_sentence(row: TaskRow, job: Job | None, limit: int) -> tuple[str, str]:
-    """(tone, sentence): what the row is doing now, in one sentence, times in its zone."""
-
-    def at(value: datetime | None) -> str:
-        return _at(value, row.timezone)
-
-    if not row.enabled:
-        after = (
-            f" after {row.consecutive_failures} consecutive failure(s)"
-            if row.consecutive_failures
-            else ""
-        )
-        return "bad" if row.consecutive_failures else "off", (
-            f"Disabled ({row.disabled_reason or 'manual'}) since {at(row.disabled_at)}{after}."
-            + (f" Reason: {row.disabled_note}" if row.disabled_note else "")
-        )
-    nxt = f"next slot {at(row.next_run_at)}"
-    if job is None:
-        return "ok", f"Scheduled: no run yet; {nxt}."
-    if job.state == "claimed":
-        return "run", (
-            f"Running: job {job.id} is claimed by {job.lease_owner} (attempt {job.attempts} of"
-            f" {job.max_attempts}), lease until {at(job.lease_expires_at)}; {nxt}."
-        )
-    if job.state == "queued" and job.attempts:
-        return "warn", (
-            f"Retrying: job {job.id} failed attempt {job.attempts} of {job.max_attempts}"
-            f" ({job.last_error_code}); next attempt at {at(job.run_at)}."
-        )
-    if job.state == "queued":
-        return "run", f"Waiting: job {job.id} is queued to run at {at(job.run_at)}."
-    if job.state == "aborted":
-        failures = row.consecutive_failures + 1
-        then = (
-            f"failure {failures} of {limit} before the task is disabled"
-            if limit
-            else f"failure {failures}"
-        )
-        return "bad", (
-            f"Failing: job {job.id} aborted ({job.last_error_code}); the {nxt} reruns it in"
-            f" place ({then})."
-        )
-    return "ok", f"Healthy: job {job.id} succeeded; {nxt}."
-
-
 def task_page(app: Scheduler, name: str, now: datetime) -> dict[str, Any] | None:
-    """Three statements: the row (with its last job's state), its last job, its last runs."""
-    explain = getattr(app, "explain", None)
-    with app.store.read() as conn:
-        from .._store.jobs import get_job
-        from .._store.rows import get_row
+    """Three statements (``_explain.read``): the row with its last job, its decisions, its
+    last runs; the sentence, the fires and the policies are ``explain``'s."""
+    from .. import _explain
 
-        row = get_row(conn, name)
-        if row is None:
-            return None
-        job = get_job(conn, row.last_job_id) if row.last_job_id is not None else None
-        task_runs = _queries.task_runs(conn, name)
+    with app.store.read() as conn:
+        found = _explain.read(conn, name, runs=20)
+    if found is None:
+        return None
+    row, job, task_runs = found.row, found.job, found.runs
+    explained = _explain.build(found, now, app.settings.max_consecutive_failures)
     limit = row.max_consecutive_failures
     if limit is None:
         limit = app.settings.max_consecutive_failures
-    tone, sentence = state_sentence(row, job, limit)
     return {
         "row": row,
         "job": job,
-        "tone": tone,
-        "state": sentence,
+        "tone": explained["tone"],
+        "state": explained["state"],
         "fires": next_fires(row, now),
         "runs": task_runs,
-        # Filled by Scheduler.explain once it exists (issue 13); the page shows it then.
-        "decisions": None if explain is None else _decisions(explain, name),
+        "decisions": explained["decisions"],
         "policies": {
             "cron": row.cron,
             "timezone": row.timezone,
             "handler": row.handler,
-            "overlap": "allow" if row.concurrent else "hold",
+            "overlap": row.overlap,
+            "catchup_window": row.catchup_window,
+            "jitter": row.jitter,
             "max_consecutive_failures": limit or "unlimited",
         },
     }
-
-
-def _decisions(explain: Any, name: str) -> list[dict[str, Any]] | None:
-    try:
-        data = explain(name)
-    except Exception:  # a newer API we do not know yet: show the page without them
-        return None
-    found = data.get("decisions") if isinstance(data, dict) else getattr(data, "decisions", None)
-    return list(found) if found is not None else None

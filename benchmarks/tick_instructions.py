@@ -1,0 +1,54 @@
+"""The tick's dispatch phase, for an instruction count under callgrind (an A/B of two checkouts
+on a machine too busy for timings).
+
+    PYTHONPATH=CHECKOUT valgrind --tool=callgrind --callgrind-out-file=/dev/null \\
+        .venv/bin/python benchmarks/tick_instructions.py sqlite:////tmp/x.db tick 5
+    (the same with ``prep`` instead of ``tick``)
+
+Loads 1,000 rows of a yearly cron, then REPS rounds: make 100 of them due at a real slot with no
+later slot passed, and in ``tick`` mode dispatch them (in ``prep`` mode tick while nothing is
+due). (tick - prep) / (REPS * 100) is the instructions per dispatched row.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import delete, update
+
+from scheduler import Scheduler, TaskSpec
+from scheduler._store.tables import jobs, rows
+
+
+def main(url: str, mode: str, reps: int) -> None:
+    app = Scheduler(url)
+    app.migrate()
+    app.handler("h", retry_safe=True)(lambda: None)
+    with app.store.begin() as conn:
+        conn.execute(update(rows).values(last_job_id=None))
+        conn.execute(delete(jobs))
+        conn.execute(delete(rows))
+    app.sync(
+        [
+            TaskSpec(name=f"t{i:05d}", cron="0 0 1 1 *", handler="h", payload={}, timezone="UTC")
+            for i in range(1000)
+        ]
+    )
+    slot = datetime(2039, 1, 1, tzinfo=UTC)
+    far = datetime(2040, 1, 1, tzinfo=UTC)
+    for _ in range(reps):
+        with app.store.begin() as conn:
+            conn.execute(update(rows).values(last_job_id=None))
+            conn.execute(delete(jobs))
+            conn.execute(update(rows).values(next_run_at=far + timedelta(days=400)))
+            conn.execute(update(rows).where(rows.c.name < "t00100").values(next_run_at=slot))
+        if mode == "tick":
+            assert len(app.tick(now=slot + timedelta(days=30)).dispatched) == 100
+        else:
+            app.tick(now=far - timedelta(days=800))  # nothing due: the same connection use
+    app.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))

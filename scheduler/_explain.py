@@ -1,0 +1,333 @@
+"""``explain``: why a task ran, or did not, and what comes next (SPEC §9).
+
+:func:`read` runs three statements, each through an index (the row with its last job; the
+row's newest decisions; the task's newest jobs' runs), and works out the rest in Python:
+the state in one sentence a person can act on, the next fire times in the row's zone and in
+UTC with the DST shifts marked, and the run policies. The result is JSON-ready (ISO-8601 UTC
+strings ending in ``Z``): ``scheduler explain NAME --json`` prints it as it is, and the
+dashboard's Task page shows it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import Connection, bindparam, select
+
+from . import _cron
+from ._errors import UnknownRow
+from ._store import decisions as _decisions
+from ._store.jobs import Job
+from ._store.rows import TaskRow, _view
+from ._store.tables import jobs, rows, runs
+
+NEXT_FIRES = 10
+DECISIONS = 20
+RUNS = 10
+
+_JOB_COLUMNS = [c.label(f"job_{c.name}") for c in jobs.c]
+_ROW = (  # the row, its last job's state (as get_row reads it) and all of that job
+    select(
+        rows,
+        jobs.c.state.label("last_job_state"),
+        jobs.c.last_error_code.label("last_job_error"),
+        *_JOB_COLUMNS,
+    )
+    .select_from(rows.outerjoin(jobs, jobs.c.id == rows.c.last_job_id))
+    .where(rows.c.name == bindparam("p_name"))
+)
+
+
+def _runs_statement() -> Any:
+    # The task's newest jobs through ix_scheduler_jobs_task, then their runs: a task's newer
+    # job has the newer runs. (A LIMIT inside IN is refused by MariaDB; in FROM it is not.)
+    recent = (
+        select(jobs.c.id)
+        .where(jobs.c.task_name == bindparam("p_name"))
+        .order_by(jobs.c.id.desc())
+        .limit(bindparam("p_limit"))
+        .subquery()
+    )
+    return (
+        select(runs)
+        .select_from(recent.join(runs, runs.c.job_id == recent.c.id))
+        .order_by(recent.c.id.desc(), runs.c.id.desc())
+        .limit(bindparam("p_limit"))
+    )
+
+
+_RUNS = _runs_statement()
+
+
+@dataclass(frozen=True)
+class Read:
+    """What explain reads of one row (three statements)."""
+
+    row: TaskRow
+    job: Job | None
+    job_started_at: datetime | None
+    decisions: list[dict[str, Any]]
+    runs: list[dict[str, Any]]
+    note: str | None
+
+
+class _JobRow:
+    """The last job's columns of the row's statement, shaped for :meth:`Job.from_row`."""
+
+    def __init__(self, mapping: dict[str, Any]) -> None:
+        self._mapping = mapping
+
+
+def read(conn: Connection, name: str, runs: int = RUNS) -> Read | None:
+    """The row named `name` with its last job, its last 20 decisions and its task's last
+    `runs` runs; None without such a row."""
+    found = conn.execute(_ROW, {"p_name": name}).first()
+    if found is None:
+        return None
+    m = found._mapping
+    job = None
+    if m["job_id"] is not None:
+        columns = {c.name: m[f"job_{c.name}"] for c in jobs.c}
+        job = Job.from_row(_JobRow(columns))  # type: ignore[arg-type]
+    entries = _decisions.recent(conn, name, DECISIONS)
+    found_runs = [dict(r._mapping) for r in conn.execute(_RUNS, {"p_name": name, "p_limit": runs})]
+    return Read(
+        row=_view(found),
+        job=job,
+        job_started_at=m["job_started_at"],
+        decisions=entries,
+        runs=found_runs,
+        note=m.get("disabled_note"),
+    )
+
+
+def iso(value: datetime | None) -> str | None:
+    """ISO-8601 in UTC with a ``Z``, or None."""
+    return None if value is None else value.isoformat().replace("+00:00", "Z")
+
+
+def _clock(value: datetime | None, zone: str) -> str:
+    """``2030-01-01 10:02:03 CET (09:02:03 UTC)`` in `zone` (UTC alone in UTC)."""
+    if value is None:
+        return "-"
+    local = value.astimezone(ZoneInfo(zone))
+    text = f"{local:%Y-%m-%d %H:%M:%S} {local.tzname()}"
+    return text if zone in ("UTC", "Etc/UTC") else f"{text} ({value:%H:%M:%S} UTC)"
+
+
+def _offset(delta: timedelta | None) -> str:
+    minutes = int((delta or timedelta(0)).total_seconds() // 60)
+    sign = "+" if minutes >= 0 else "-"
+    return f"UTC{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
+
+
+def next_fires(row: TaskRow, now: datetime, count: int = NEXT_FIRES) -> list[dict[str, Any]]:
+    """The row's next `count` slots from its ``next_run_at`` (from `now` when disabled): each
+    with its nominal slot, the instant it fires (jitter added), local and UTC, and ``dst``
+    set where the zone's UTC offset differs from the previous fire's (``UTC+01:00 →
+    UTC+02:00``); ``dst_case`` is ``dst_gap`` for a slot moved out of a spring-forward gap."""
+    zone = ZoneInfo(row.timezone)
+    if row.enabled and row.next_run_at is not None:
+        slot = _cron.slot_of(row.cron, row.timezone, row.name, row.next_run_at, row.jitter)
+        start = min(slot, now)
+    else:
+        start = now
+        slot = _cron.next_after(row.cron, row.timezone, now, row.name)
+    fires: list[dict[str, Any]] = []
+    previous = start.astimezone(zone).utcoffset()
+    before = start
+    for _ in range(count):
+        at = slot + _cron.jitter_delay(row.name, slot, row.jitter)
+        offset = slot.astimezone(zone).utcoffset()
+        cases = _cron.dst_notes(row.cron, row.timezone, row.name, before, slot)
+        fires.append(
+            {
+                "slot": iso(slot),
+                "at": iso(at),
+                "local": at.astimezone(zone).isoformat(),
+                "dst": None if offset == previous else f"{_offset(previous)} → {_offset(offset)}",
+                "dst_case": next((kind for kind, when in cases if when == slot), None),
+                "skipped_repeats": [iso(when) for kind, when in cases if kind == "dst_repeat"],
+            }
+        )
+        previous, before = offset, slot
+        slot = _cron.next_after(row.cron, row.timezone, slot, row.name)
+    return fires
+
+
+def policies(row: TaskRow, global_limit: int) -> dict[str, Any]:
+    limit = row.max_consecutive_failures
+    return {
+        "overlap": row.overlap,
+        "catchup_window": row.catchup_window,
+        "jitter": row.jitter,
+        "max_consecutive_failures": global_limit if limit is None else limit,
+        "cron": row.cron,
+        "timezone": row.timezone,
+        "handler": row.handler,
+    }
+
+
+def state_sentence(
+    row: TaskRow,
+    job: dict[str, Any] | None,
+    now: datetime,
+    limit: int,
+    last: dict[str, Any] | None,
+    note: str | None = None,
+) -> tuple[str, str]:
+    """(tone, sentence): what the row is doing now and what to do about it, in one sentence.
+
+    Tones: ``ok``, ``run``, ``warn``, ``bad``, ``off`` (the dashboard's colours)."""
+    zone = row.timezone
+
+    def at(value: datetime | None) -> str:
+        return _clock(value, zone)
+
+    name = row.name
+    if not row.enabled:
+        why = row.disabled_reason or "manual"
+        if note:
+            why += f": {note}"
+        after = (
+            f" after {row.consecutive_failures} consecutive failures"
+            if row.disabled_reason == "max_consecutive_failures"
+            else ""
+        )
+        return ("bad" if after else "off"), (
+            f"disabled ({why}) since {at(row.disabled_at)}{after}; slots pass without running"
+            f" until `scheduler enable {name}` re-arms it from then"
+        )
+    nxt = row.next_run_at
+    due = nxt is not None and nxt <= now
+    when = f"next slot {at(nxt)}" if not due else f"due since {at(nxt)}"
+    if job is not None and job["state"] in ("queued", "claimed"):
+        jid, state = job["id"], job["state"]
+        if state == "claimed":
+            lease = job["lease_expires_at"]
+            expired = lease is not None and lease <= now
+            holder = (
+                f"job {jid} is claimed by {job['lease_owner']} since {at(job['started_at'])},"
+                f" lease until {at(lease)}"
+                + (" (expired: a worker takes it over)" if expired else "")
+            )
+        elif job["attempts"]:
+            holder = (
+                f"job {jid} is retrying (attempt {job['attempts']} of {job['max_attempts']}"
+                f" failed with {job['last_error_code']}; next attempt at {at(job['run_at'])})"
+            )
+        else:
+            waiting = job["run_at"] <= now
+            holder = f"job {jid} is queued to run at {at(job['run_at'])}" + (
+                f" (not claimed yet: check that a worker serves queue {job['queue']!r})"
+                if waiting
+                else ""
+            )
+        if due and row.overlap == "hold":
+            return "warn", f"held back: {holder}; the slot fires once the job ends"
+        doing = "running" if state == "claimed" else "waiting"
+        if row.overlap == "skip":
+            return "run", f"{doing}: {holder}; slots that come meanwhile are skipped (overlap skip)"
+        return "run", f"{doing}: {holder}; {when}"
+    if job is not None and job["state"] == "aborted":
+        failures = row.consecutive_failures + 1
+        then = f"failure {failures} of {limit}" if limit else f"failure {failures}"
+        return "bad", (
+            f"failing: job {job['id']} aborted ({job['last_error_code']}); the {when} reruns it"
+            f" in place ({then}{' before the task is disabled' if limit else ''});"
+            f" `scheduler job {job['id']}` shows its attempts"
+        )
+    last_word = ""
+    if last is not None and last["decision"] in ("skipped_overlap", "missed", "paused"):
+        last_word = f"; its last slot {at(last['slot'])} was {last['decision'].replace('_', ' ')}"
+        if last.get("detail"):
+            last_word += f" ({last['detail']})"
+    if job is None:
+        return "ok", f"scheduled: no run yet; {when}{last_word}"
+    return "ok", (
+        f"scheduled: job {job['id']} succeeded at {at(job['finished_at'])}; {when}{last_word}"
+    )
+
+
+def _decision(entry: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": entry["id"],
+        "slot": iso(entry["slot"]),
+        "decided_at": iso(entry["decided_at"]),
+        "decision": entry["decision"],
+        "job_id": entry["job_id"],
+        "reason": entry["reason"],
+        "detail": entry["detail"],
+    }
+
+
+def _run(run: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "job_id": run["job_id"],
+        "attempt": run["attempt"],
+        "slot": iso(run["slot"]),
+        "started_at": iso(run["started_at"]),
+        "finished_at": iso(run["finished_at"]),
+        "outcome": run["outcome"],
+        "error_code": run["error_code"],
+        "worker": run["worker"],
+    }
+
+
+def _job_dict(job: Job | None, started_at: datetime | None) -> dict[str, Any] | None:
+    if job is None:
+        return None
+    return {
+        "id": job.id,
+        "state": job.state,
+        "attempts": job.attempts,
+        "max_attempts": job.max_attempts,
+        "queue": job.queue,
+        "slot": job.slot,
+        "run_at": job.run_at,
+        "lease_owner": job.lease_owner,
+        "lease_expires_at": job.lease_expires_at,
+        "started_at": started_at,
+        "finished_at": job.finished_at,
+        "last_error_code": job.last_error_code,
+    }
+
+
+def build(found: Read, now: datetime, global_limit: int) -> dict[str, Any]:
+    """The explain data of what :func:`read` found, at `now`."""
+    row, entries = found.row, found.decisions
+    job = _job_dict(found.job, found.job_started_at)
+    given = policies(row, global_limit)
+    last = entries[0] if entries else None
+    tone, sentence = state_sentence(
+        row, job, now, given["max_consecutive_failures"], last, found.note
+    )
+    return {
+        "name": row.name,
+        "state": sentence,
+        "tone": tone,
+        "enabled": row.enabled,
+        "next_run_at": iso(row.next_run_at) if row.enabled else None,
+        "disabled_reason": row.disabled_reason,
+        "disabled_note": found.note,
+        "disabled_at": iso(row.disabled_at),
+        "consecutive_failures": row.consecutive_failures,
+        "policies": given,
+        "last_job": None
+        if job is None
+        else {k: iso(v) if isinstance(v, datetime) else v for k, v in job.items()},
+        "next_fires": next_fires(row, now),
+        "decisions": [_decision(e) for e in entries],
+        "runs": [_run(r) for r in found.runs[:RUNS]],
+    }
+
+
+def explain(conn: Connection, name: str, now: datetime, global_limit: int) -> dict[str, Any]:
+    """What `explain NAME --json` prints; :class:`UnknownRow` for a name no row has."""
+    found = read(conn, name)
+    if found is None:
+        raise UnknownRow(f"no task named {name!r} (run `scheduler sync`?)")
+    return build(found, now, global_limit)

@@ -1,0 +1,86 @@
+"""The decision log (``scheduler_decisions``, SPEC §9): one entry per slot and outcome of a row.
+
+The tick's entries are written by the dispatchers (``scheduler/_dispatch``) in the transaction
+that carries the decision out, through :data:`INSERT` on the driver's cursor (the tick's hot
+path); the others (``paused`` at enable, ``triggered``) through :func:`record` in the
+operator's transaction. :func:`recent` reads a row's newest entries (explain, the dashboard);
+:func:`purge` drops the entries older than the jobs' retention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, delete, insert, select
+
+from .driver import Prepared, PreparedSet
+from .tables import decisions
+
+_P = bindparam
+COLUMNS = ("task_name", "slot", "decided_at", "decision", "job_id", "reason", "detail")
+PARAMS = {c: _P(f"d_{c}", type_=decisions.c[c].type) for c in COLUMNS}
+"""The entry's values as parameters named ``d_`` + its column."""
+
+INSERT = PreparedSet(lambda _dialect: insert(decisions).values(PARAMS), Prepared)
+"""One entry, on the driver's cursor (``_store/driver.py``)."""
+
+_RECENT = (
+    select(decisions)
+    .where(decisions.c.task_name == _P("p_name"))
+    .order_by(decisions.c.id.desc())
+    .limit(_P("p_limit"))
+)
+
+
+def entry_params(
+    task_name: str,
+    decision: str,
+    slot: datetime | None,
+    decided_at: datetime,
+    job_id: int | None = None,
+    reason: str | None = None,
+    detail: str | None = None,
+) -> dict[str, Any]:
+    """The parameters of :data:`INSERT` for one entry (`detail` cut to its column)."""
+    return {
+        "d_task_name": task_name,
+        "d_slot": slot,
+        "d_decided_at": decided_at,
+        "d_decision": str(decision),
+        "d_job_id": job_id,
+        "d_reason": reason,
+        "d_detail": None if detail is None else detail[:500],
+    }
+
+
+def write(conn: Connection, entries: Iterable[dict[str, Any]]) -> None:
+    """Write `entries` (:func:`entry_params`) in `conn`'s transaction."""
+    prepared = INSERT.on(conn)
+    for params in entries:
+        prepared.run(conn, params)
+
+
+def record(
+    conn: Connection,
+    task_name: str,
+    decision: str,
+    slot: datetime | None,
+    decided_at: datetime,
+    **kw: Any,
+) -> None:
+    """One entry, outside the tick (an operator's transaction)."""
+    write(conn, [entry_params(task_name, decision, slot, decided_at, **kw)])
+
+
+def recent(conn: Connection, task_name: str, limit: int = 20) -> list[dict[str, Any]]:
+    """The row's newest `limit` entries, newest first (through its index on (task, id))."""
+    found = conn.execute(_RECENT, {"p_name": task_name, "p_limit": limit})
+    return [{key: value for key, value in r._mapping.items() if key != "task_name"} for r in found]
+
+
+def purge(conn: Connection, *, before: datetime) -> int:
+    """Delete the entries decided before `before`; how many."""
+    done = conn.execute(delete(decisions).where(decisions.c.decided_at < before))
+    return int(done.rowcount or 0)
