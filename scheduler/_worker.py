@@ -1,7 +1,8 @@
 """The long-running worker: tick, claim and run jobs on threads, heartbeats, housekeeping.
 
-Every ``tick_interval`` the worker ticks, on the wall clock's multiples of it plus a small
-offset of its own (see :func:`tick_offset`); at least every second it takes over jobs whose
+Every ``tick_interval`` the worker ticks, on its own thread, on the wall clock's multiples of
+it plus a small offset of its own (see :func:`tick_offset`); at least every second (and
+without waiting for the tick) it takes over jobs whose
 lease expired and claims ready ones, never more than it has free threads (``concurrency``; 0 =
 tick only). A heartbeat thread renews the leases of the running jobs every third of a lease.
 Every minute it purges old jobs and delivers ``row_disabled`` alerts a crash left undelivered.
@@ -123,6 +124,7 @@ class Worker:
         self._lock = threading.Lock()
         self._wake = threading.Event()  # a job finished, or stop() was called
         self._beat_stop = threading.Event()
+        self._tick_stop = threading.Event()  # set when the worker stops: the tick thread ends
         self._stopping = self._force = False
         self._signals = self._handled = 0
         self._touched = float("-inf")
@@ -173,39 +175,54 @@ class Worker:
         """Stop claiming (thread-safe); ``force`` also cuts the shutdown grace short."""
         self._force = self._force or force
         self._stopping = True
+        self._tick_stop.set()
         self._wake.set()
 
     def _loop(self, pool: ThreadPoolExecutor) -> None:
+        # The tick runs on its own thread: claiming never waits behind a long tick, nor a
+        # tick behind a claim (each takes its own pooled connection).
+        ticker = threading.Thread(target=self._tick_loop, name="scheduler-tick", daemon=True)
+        ticker.start()
+        next_housekeeping = time.monotonic()
+        backoff = BACKOFF_MIN
+        try:
+            while not self._stopping:
+                self._wake.clear()
+                try:
+                    self._fill(pool)
+                    if time.monotonic() >= next_housekeeping:
+                        next_housekeeping = time.monotonic() + HOUSEKEEPING_SECONDS
+                        self._housekeeping()
+                    self._touch()
+                    backoff = BACKOFF_MIN
+                except Exception as exc:
+                    self._log_error("worker loop", exc, backoff)
+                    self._wake.wait(backoff)
+                    backoff = min(backoff * 2, BACKOFF_MAX)
+                    continue
+                self._wake.wait(POLL_SECONDS)
+        finally:
+            self._tick_stop.set()
+            ticker.join()
+
+    def _tick_loop(self) -> None:
+        """Tick on the grid until the worker stops; a failing tick backs off, the jobs go on."""
         interval = self.app.settings.tick_interval
         offset = tick_offset(self.app.worker_id, interval)
-        next_tick = next_housekeeping = time.monotonic()
-        backoff = tick_backoff = BACKOFF_MIN
-        while not self._stopping:
-            self._wake.clear()
-            if time.monotonic() >= next_tick:  # a failing tick does not stop the jobs
-                try:
-                    self._tick()
-                    # The next tick on the grid (after this one: a tick longer than the
-                    # interval skips the grid points it overran).
-                    next_tick = time.monotonic() + until_next_tick(time.time(), interval, offset)
-                    tick_backoff = BACKOFF_MIN
-                except Exception as exc:
-                    self._log_error("tick", exc, tick_backoff)
-                    next_tick = time.monotonic() + tick_backoff
-                    tick_backoff = min(tick_backoff * 2, BACKOFF_MAX)
+        tick_backoff = BACKOFF_MIN
+        wait = 0.0
+        while not self._tick_stop.wait(wait):
             try:
-                self._fill(pool)
-                if time.monotonic() >= next_housekeeping:
-                    next_housekeeping = time.monotonic() + HOUSEKEEPING_SECONDS
-                    self._housekeeping()
-                self._touch()
-                backoff = BACKOFF_MIN
+                self._tick()
+                # The next tick on the grid (after this one: a tick longer than the interval
+                # skips the grid points it overran).
+                wall = self.app.clock().timestamp()  # the grid of the clock that decides
+                wait = until_next_tick(wall, interval, offset)
+                tick_backoff = BACKOFF_MIN
             except Exception as exc:
-                self._log_error("worker loop", exc, backoff)
-                self._wake.wait(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX)
-                continue
-            self._wake.wait(min(max(0.0, next_tick - time.monotonic()), POLL_SECONDS))
+                self._log_error("tick", exc, tick_backoff)
+                wait = tick_backoff
+                tick_backoff = min(tick_backoff * 2, BACKOFF_MAX)
 
     def _once(self, pool: ThreadPoolExecutor) -> None:
         self._tick()
@@ -228,7 +245,8 @@ class Worker:
         self._ticked_at = self.app.clock()
         for outcome, names in report.as_dict().items():
             if names:  # holds and lost races repeat every tick: debug only
-                level = logging.DEBUG if outcome in ("held_back", "lost_race") else logging.INFO
+                quiet = outcome in ("held_back", "lost_race", "locked")
+                level = logging.DEBUG if quiet else logging.INFO
                 text = ", ".join(names)
                 _log(level, f"tick_{outcome}", "tick: %s %s", outcome, text, rows=names)
 

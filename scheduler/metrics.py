@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 __all__ = ["DatabaseCollector", "Metrics", "asgi_app", "metrics_for", "serve"]
 
 OUTCOMES = ("succeeded", "failed", "aborted", "abandoned")
-DECISIONS = ("dispatched", "rerun", "held_back", "disabled", "lost_race")
+DECISIONS = ("dispatched", "rerun", "held_back", "disabled", "lost_race", "locked")
 #: A worker not seen in scheduler_workers for this long counts as down (``worker_up`` 0).
 WORKER_UP_SECONDS = 30.0
 _ONE_SHOT_SUFFIX = ":tick"  # _health.one_shot_tick_id(): a tick's record, not a worker

@@ -126,6 +126,7 @@ def test_hold_back_while_queued_then_one_dispatch(sched: Scheduler) -> None:
             "held_back": ["r"],
             "disabled": [],
             "lost_race": [],
+            "locked": [],
         }
         assert row(sched, "r").next_run_at == slot(2)  # does not move
         assert row_version(sched, "r") == version  # rolled back: nothing written

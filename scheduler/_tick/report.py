@@ -22,6 +22,9 @@ class Outcome(StrEnum):
     """The row was disabled after too many consecutive failures (the disable committed)."""
     LOST_RACE = "lost_race"
     """Another process wrote the row since it was read: this tick wrote nothing for it."""
+    LOCKED = "locked"
+    """Another transaction holds a lock on the row (or its last job): passed over for this tick
+    without waiting, nothing written; the row stays due for the next tick."""
 
 
 @dataclass
@@ -33,6 +36,7 @@ class TickReport:
     held_back: list[str] = field(default_factory=list)
     disabled: list[str] = field(default_factory=list)
     lost_race: list[str] = field(default_factory=list)
+    locked: list[str] = field(default_factory=list)
 
     def add(self, outcome: str, name: str) -> None:
         getattr(self, outcome).append(name)
