@@ -98,7 +98,9 @@ def main(url: str, directory: Path, index: int, processes: int, steps: int, base
             seen_reason=committed[1],
         )
 
-    totals = dict.fromkeys(("dispatched", "rerun", "held_back", "disabled", "lost_race", "locked"), 0)
+    totals = dict.fromkeys(
+        ("dispatched", "rerun", "held_back", "disabled", "lost_race", "locked"), 0
+    )
     with (
         signals.job_dispatched.connected_to(on_dispatched),
         signals.job_rerun.connected_to(on_rerun),
