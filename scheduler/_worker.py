@@ -167,7 +167,12 @@ class Worker:
         if self._ticked_at is None:
             return
         try:
-            _health.record_tick(self.app.store, self.app.clock(), self._ticked_at)
+            _health.record_tick(
+                self.app.store,
+                self.app.clock(),
+                self._ticked_at,
+                clock_offset=self.app.clock_offset(),
+            )
         except Exception as exc:
             self._log_error("recording the tick", exc, None)
 
@@ -371,7 +376,11 @@ class Worker:
 
     def _touch(self, force: bool = False) -> None:
         if force or time.monotonic() - self._touched >= PRESENCE_SECONDS:
-            _health.touch(self.app.store, self.app.worker_id, self.app.clock(), self._ticked_at)
+            app = self.app
+            offset = app.clock_offset()
+            _health.touch(
+                app.store, app.worker_id, app.clock(), self._ticked_at, clock_offset=offset
+            )
             self._touched = time.monotonic()
 
     def _unregister(self) -> None:
