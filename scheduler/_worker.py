@@ -218,7 +218,8 @@ class Worker:
         wait = 0.0
         while not self._tick_stop.wait(wait):
             try:
-                self._tick()
+                if self._tick():
+                    self._wake.set()  # jobs were dispatched: claim them now
                 # The next tick on the grid (after this one: a tick longer than the interval
                 # skips the grid points it overran).
                 wall = self.app.clock().timestamp()  # the grid of the clock that decides
@@ -243,7 +244,8 @@ class Worker:
                 self._wake.wait(POLL_SECONDS)
         self._housekeeping()
 
-    def _tick(self) -> None:
+    def _tick(self) -> bool:
+        """One tick; True if it dispatched or reran a job."""
         began = time.monotonic()
         report = self.app._tick()  # recorded by _touch, with the worker's presence
         self._telemetry.ticked(time.monotonic() - began, report)
@@ -254,6 +256,7 @@ class Worker:
                 level = logging.DEBUG if quiet else logging.INFO
                 text = ", ".join(names)
                 _log(level, f"tick_{outcome}", "tick: %s %s", outcome, text, rows=names)
+        return bool(report.dispatched or report.rerun)
 
     def _capacity(self) -> int:
         """How many jobs to hold at once: the threads, plus a prefetch while jobs are short.
