@@ -265,6 +265,7 @@ class Scheduler:
         at most once every ``TICK_RECORD_SECONDS`` of the clock: the idle tick stays one
         statement in between.
         """
+        self.check_schema()  # first: the database's clock would fail less clearly
         ticked_at = as_utc(now) if now is not None else self.clock()
         report = self._tick(ticked_at)
         self._record_tick(ticked_at)
