@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from issue17_helpers import finish, read_jsonl, record_inserts, server_now, start_worker
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import create_engine, select, text, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from scheduler import Scheduler, TaskSpec
 from scheduler._handlers import Registry
 from scheduler._store import Store
-from scheduler._store.tables import jobs, runs
+from scheduler._store import locks as _locks
+from scheduler._store.engine import LOCK_TIMEOUT_SECONDS
+from scheduler._store.tables import jobs, rows, runs
+from scheduler.testing import ManualClock
 
 TICK = 1.0
 HOLD_SECONDS = 10.0
@@ -139,3 +144,95 @@ def test_a_job_locked_for_10s_stalls_no_claim(server_url: str, tmp_path: Path) -
     [(started, outcome)] = seen["job_runs"]
     assert outcome == "succeeded"
     assert started >= seen["released_at"] - timedelta(milliseconds=50)
+
+
+# -- in process: the tick's and the session's side of it ------------------------------------------
+T0 = datetime(2030, 1, 7, 12, 0, tzinfo=UTC)
+
+
+def test_the_tick_passes_over_a_locked_row_and_a_locked_rerun_job(server_url: str) -> None:
+    """Three due rows: one locked by another transaction, one whose aborted last job is locked
+    (its rerun would reset that job), one free: the tick takes the free one at once."""
+    clock = ManualClock(T0)
+    registry = Registry()
+    registry.handler("h", retry_safe=True)(lambda job: None)
+    app = Scheduler(server_url, registry=registry, clock=clock)
+    holder = create_engine(server_url)
+    try:
+        app.sync([TaskSpec(name, "* * * * *", "h", {}, "UTC") for name in ("a", "b", "c")])
+        clock.advance(minutes=1)
+        assert sorted(app.tick().dispatched) == ["a", "b", "c"]
+        with app.store.begin() as conn:  # b's job failed for good: its next slot reruns it
+            b_job = conn.execute(select(rows.c.last_job_id).where(rows.c.name == "b")).scalar()
+            conn.execute(update(jobs).values(state="succeeded"))
+            conn.execute(update(jobs).where(jobs.c.id == b_job).values(state="aborted"))
+        clock.advance(minutes=1)
+        with holder.connect() as conn, conn.begin():
+            conn.execute(text("UPDATE scheduler_rows SET payload = payload WHERE name = 'a'"))
+            conn.execute(select(jobs.c.id).where(jobs.c.id == b_job).with_for_update())
+            began = time.monotonic()
+            report = app.tick()
+            took = time.monotonic() - began
+        assert (report.locked, report.dispatched, report.rerun) == (["a", "b"], ["c"], [])
+        assert report.lost_race == []
+        assert took < LOCK_TIMEOUT_SECONDS  # passed over, not waited for
+        later = app.tick()
+        assert (later.dispatched, later.rerun) == (["a"], ["b"])  # free again: taken
+    finally:
+        holder.dispose()
+        app.close()
+
+
+def test_sessions_wait_for_a_lock_at_most_the_lock_timeout(server_url: str) -> None:
+    store = Store(server_url)
+    try:
+        with store.engine.connect() as conn:
+            if store.caps.dialect == "postgresql":
+                assert conn.execute(text("SHOW lock_timeout")).scalar() == "5s"
+                assert conn.execute(text("SHOW application_name")).scalar() == "scheduler"
+            else:
+                found = conn.execute(
+                    text("SELECT @@session.innodb_lock_wait_timeout, @@session.lock_wait_timeout")
+                ).one()
+                assert tuple(found) == (LOCK_TIMEOUT_SECONDS, LOCK_TIMEOUT_SECONDS)
+    finally:
+        store.dispose()
+    if make_url(server_url).get_backend_name() == "postgresql":  # a shorter one is kept
+        shorter = make_url(server_url).update_query_dict(
+            {"options": "-csearch_path=public -clock_timeout=1s", "application_name": "mine"}
+        )
+        store = Store(shorter.render_as_string(False))
+        try:
+            with store.engine.connect() as conn:
+                assert conn.execute(text("SHOW lock_timeout")).scalar() == "1s"
+                assert conn.execute(text("SHOW application_name")).scalar() == "mine"
+        finally:
+            store.dispose()
+
+
+def test_a_lock_timeout_is_told_from_other_errors(server_url: str) -> None:
+    """A real lock wait that runs out, on each server: ``timed_out`` knows it."""
+    store = Store(server_url)
+    holder = create_engine(server_url)
+    app = Scheduler(engine=store.engine, registry=Registry(), clock=ManualClock(T0))
+    try:
+        job_id = app.enqueue("h")
+        with holder.connect() as conn, conn.begin():
+            conn.execute(select(jobs.c.id).where(jobs.c.id == job_id).with_for_update())
+            with store.engine.connect() as mine:
+                mine.execute(
+                    text("SET lock_timeout = '200ms'")
+                    if store.caps.dialect == "postgresql"
+                    else text("SET SESSION innodb_lock_wait_timeout = 1")
+                )
+                mine.commit()
+                with pytest.raises(DBAPIError) as caught:
+                    with mine.begin():
+                        mine.execute(update(jobs).where(jobs.c.id == job_id).values(priority=1))
+        assert _locks.timed_out(caught.value) and not _locks.deadlock(caught.value)
+        with store.engine.connect() as conn, pytest.raises(DBAPIError) as syntax:
+            conn.execute(text("SELEC 1"))
+        assert not _locks.timed_out(syntax.value)
+    finally:
+        holder.dispose()
+        app.close()
