@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -102,10 +103,9 @@ def test_the_database_clock_is_the_servers_time(server_url: str) -> None:
             before = server_now(server_url)
             ours = clock()
             after = server_now(server_url)
-            slack = timedelta(milliseconds=5)
+            # The reading's error: at most half its round trip (plus the counter's drift).
+            slack = timedelta(seconds=clock.reading().round_trip / 2 + 0.002)
             assert before - slack <= ours <= after + slack
-        reading = clock.reading()
-        assert reading.round_trip < 0.1
     finally:
         store.dispose()
 
@@ -204,10 +204,11 @@ def _two_hosts(url: str, tmp_path: Path, *, ahead_clock: str) -> dict[str, Any]:
     out.mkdir()
     with record_inserts(url) as inserts:
         started = server_now(url)
-        procs = [
-            start_worker(url, out, "behind", RUN_SECONDS, shift="-5m"),
-            start_worker(url, out, "ahead", RUN_SECONDS, shift="+5m", clock=ahead_clock),
-        ]
+        # The host behind starts first and claims the ready jobs: the one ahead, when it
+        # starts, looks for expired leases before it claims (a misread lease is taken over).
+        procs = [start_worker(url, out, "behind", RUN_SECONDS, shift="-5m")]
+        time.sleep(1.5)
+        procs.append(start_worker(url, out, "ahead", RUN_SECONDS, shift="+5m", clock=ahead_clock))
         results = [finish(proc) for proc in procs]
         inserted = inserts["read"]()
     dispatches = read_jsonl(out / "dispatched.jsonl")
