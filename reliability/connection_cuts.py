@@ -7,7 +7,8 @@ each with a dedupe key so that a retried enqueue cannot add a second job. The wo
 with ``application_name = scheduler-cuts-<pid of this script>`` (set in its URL); the producer
 and this script connect under other names, so only the worker's backends are cut.
 
-For ``--seconds`` (300) a killer thread, every 0.1-1.5 s (``--every``), either
+Once the worker has registered (its row in ``scheduler_workers``), for ``--seconds`` (300) a
+killer thread, every 0.1-1.5 s (``--every``), either
 
 - waits (up to 1 s) for one of the worker's backends to be *inside a statement*
   (``pg_stat_activity.state = 'active'``) and terminates that one: the tick's dispatch
@@ -44,7 +45,7 @@ import _common as c
 
 from scheduler import Scheduler
 from scheduler._handlers import Registry
-from scheduler._store.tables import jobs
+from scheduler._store.tables import jobs, workers
 
 TERMINAL = ("succeeded", "aborted")
 # Per run, so that two runs (or a run and the test suite) never cut each other's worker.
@@ -212,7 +213,9 @@ def run(
             raise SystemExit(f"sync failed: {synced.stderr}")
         worker_url = parsed.update_query_dict({"application_name": WORKER_APP})
         worker = c.Worker(config, worker_url.render_as_string(False), out, "worker")
-        if not c.wait_for(lambda: _seen(out), timeout=60, every=0.2):
+        # Cuts begin once the worker runs (it has registered): a cut during the CLI's own
+        # start-up checks, before the worker loop, makes `scheduler worker` exit 1.
+        if not c.wait_for(lambda: _registered(url), timeout=60, every=0.2):
             raise SystemExit("the worker did not start")
         producer = Producer(url, rate, seed)
         killer = Killer(url, every, seed)
@@ -254,8 +257,17 @@ def _terminate(signum: int, frame: Any) -> None:
     raise SystemExit(f"stopped by signal {signum}")
 
 
-def _seen(out: Path) -> bool:
-    return any(e.get("e") == "ready" for e in c.read_jsonl(out / "events"))
+def _registered(url: str) -> bool:
+    """The worker has started its loop: its row is in scheduler_workers."""
+    app = Scheduler(url, registry=Registry())
+    try:
+        with app.store.read() as conn:
+            found = conn.execute(
+                select(workers.c.id).where(workers.c.id.not_like("%:tick"))
+            ).first()
+        return found is not None
+    finally:
+        app.close()
 
 
 def _active(app: Scheduler, acked: set[int]) -> int:

@@ -60,6 +60,7 @@ HOUSEKEEPING_SECONDS = 60.0  # purge, undelivered alerts, forgotten worker rows
 PRESENCE_SECONDS = 1.0  # at most one write to scheduler_workers per this many seconds
 FORGET_WORKERS_AFTER = timedelta(hours=1)
 BACKOFF_MIN, BACKOFF_MAX = 0.5, 30.0
+START_ATTEMPTS = 5  # a transient database error at start-up is retried (0.5 + 1 + 2 + 4 s)
 MAX_TICK_OFFSET = 0.05  # seconds: the spread of the workers' tick offsets (see tick_offset)
 
 
@@ -133,9 +134,9 @@ class Worker:
 
     def run(self, *, once: bool = False, install_signals: bool = False) -> WorkerResult:
         """Work until stopped; with ``once``: take over, tick, run what is ready, return."""
-        self.app.check_schema()
+        self._start_up(self.app.check_schema)
         self._telemetry.open()
-        self._touch(force=True)
+        self._start_up(lambda: self._touch(force=True))
         started = f"worker {self.app.worker_id} started (concurrency {self.concurrency})"
         _log(logging.INFO, "worker_started", started)
         previous = self._install_signals() if install_signals else {}
@@ -159,6 +160,21 @@ class Worker:
             self._unregister()
             self._telemetry.close()
         return WorkerResult(self._handled, left)
+
+    def _start_up(self, step: Any) -> None:
+        """Run a start-up `step`, again after a back-off on a transient database error (a
+        connection cut at that moment), up to ``START_ATTEMPTS`` times in all."""
+        backoff = BACKOFF_MIN
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                step()
+                return
+            except Exception as exc:
+                if not is_transient(exc) or attempt == START_ATTEMPTS:
+                    raise
+                self._log_error("starting", exc, backoff)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
 
     def _keep_tick_on_record(self) -> None:
         """The worker's last tick stays on record after it stops (its own row goes), as
