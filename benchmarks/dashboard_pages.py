@@ -9,9 +9,8 @@ requested ``--reps`` times straight through the ASGI interface in this process (
 calls it, without a client's or the network's time), as its live refresh asks for it; the
 table shows p50 and p95 of the request's time and the statements it sent.
 
-``--task-index`` first creates the index the task-filtered reads want (``scheduler_jobs
-(task_name, id)``), which the shipped schema does not have; the page's figures with and without
-it are what docs/performance.md compares.
+The task-filtered reads (run strips, a task's runs, the Jobs page by task) use the index
+``ix_scheduler_jobs_task (task_name, id)`` that revision 0005 ships.
 """
 
 from __future__ import annotations
@@ -193,7 +192,6 @@ def main() -> None:
     p = _bench.parser(__doc__.splitlines()[0], reps=40)
     p.add_argument("--tasks", type=int, default=10_000)
     p.add_argument("--jobs", type=int, default=1_000_000)
-    p.add_argument("--task-index", action="store_true", help="create ix (task_name, id) first")
     args = p.parse_args()
     engines = []
     if not args.no_sqlite:
@@ -213,20 +211,14 @@ def main() -> None:
         start = time.perf_counter()
         print(f"{label}: loading {args.tasks} tasks, {args.jobs} jobs ...", file=sys.stderr)
         populate(app, args.tasks, args.jobs)
-        if args.task_index:
-            with app.store.begin() as conn:
-                conn.execute(
-                    text("CREATE INDEX ix_bench_jobs_task ON scheduler_jobs (task_name, id)")
-                )
         print(f"  loaded in {time.perf_counter() - start:.0f} s", file=sys.stderr)
         results[label] = measure(app, args.reps, args.tasks, args.jobs)
         app.close()
         if label == "PostgreSQL":
             _bench.drop_pg_database(args.pg, PG_DATABASE)
     names = list(results)
-    index = "with" if args.task_index else "without"
     print(
-        f"\n{args.tasks:,} tasks, {args.jobs:,} jobs, {index} an index on (task_name, id);"
+        f"\n{args.tasks:,} tasks, {args.jobs:,} jobs;"
         f" {args.reps} live refreshes per page; time in ms, statements per refresh\n"
     )
     header = "| page | " + " | ".join(f"{n} p50 | {n} p95 | {n} SQL" for n in names) + " |"

@@ -6,6 +6,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from . import signals
 from ._app import Scheduler, default_registry
+from ._backfill import BackfillResult
 from ._config import AppConfig, TaskSpec, load_config
 from ._errors import (
     ConfigError,
@@ -16,6 +17,8 @@ from ._errors import (
     SchemaOutdated,
     UnknownRow,
 )
+from ._runner import RunningJob, current_job
+from ._store.audit import AuditEntry
 from ._store.jobs import Job, JobStateError
 from ._store.rows import SyncPlan, TaskRow
 from ._tick import TickReport
@@ -27,12 +30,15 @@ except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
 
 __all__ = [
     "AppConfig",
+    "AuditEntry",
+    "BackfillResult",
     "ConfigError",
     "Job",
     "JobStateError",
     "LeaseLost",
     "PayloadError",
     "PermanentError",
+    "RunningJob",
     "Scheduler",
     "SchedulerError",
     "SchemaOutdated",
@@ -42,6 +48,7 @@ __all__ = [
     "TickReport",
     "UnknownRow",
     "__version__",
+    "current_job",
     "default_registry",
     "load_config",
     "signals",

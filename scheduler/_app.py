@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
 import socket
+import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -15,7 +17,7 @@ from sqlalchemy import URL, Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
-from . import _alerts, _migrate, _tick, _tracing
+from . import _alerts, _backfill, _migrate, _tick, _tracing
 from ._config import (
     AppConfig,
     DashboardSettings,
@@ -27,15 +29,17 @@ from ._config import (
     normalize_database_url,
 )
 from ._errors import ConfigError, SchedulerError, SchemaOutdated
-from ._handlers import AbandonedHook, F, Registry
+from ._handlers import AbandonedHook, F, Registry, TenantContext
 from ._payload import encode_payload
 from ._retry import retry
 from ._runner import Runner
 from ._store import Store, make_engine
+from ._store import audit as _audit
 from ._store import clock as _clock
 from ._store import health as _health
 from ._store import jobs as _jobs
 from ._store import rows as _rows
+from ._store.audit import AuditEntry
 from ._store.jobs import Job
 from ._store.rows import SyncPlan, TaskRow
 from ._tick import TickReport
@@ -82,6 +86,29 @@ def _missing_database(url: URL, exc: OperationalError) -> str | None:
 TICK_RECORD_SECONDS = 5.0
 
 _T = TypeVar("_T")
+
+
+_BACKFILL_ATTEMPTS = 20
+
+
+def _sync_detail(path: str | None, plan: SyncPlan) -> str:
+    counts = ", ".join(
+        f"{action} {len(names)}"
+        for action, names in plan.as_dict().items()
+        if action != "unchanged"
+    )
+    return f"{path or 'tasks'}: {counts}"
+
+
+def _backfill_detail(result: _backfill.BackfillResult) -> str:
+    def iso(value: datetime) -> str:
+        return value.isoformat().replace("+00:00", "Z")
+
+    return (
+        f"{len(result.enqueued)} job(s) for slots {iso(result.start)} to {iso(result.end)}"
+        f" ({len(result.taken)} already had one); jobs {min(result.enqueued.values())}"
+        f"-{max(result.enqueued.values())}"
+    )
 
 
 def default_worker_id() -> str:
@@ -141,6 +168,8 @@ class Scheduler:
         self._schema_ok = False
         self.dashboard_settings = DashboardSettings()  # the file's [dashboard], if any
         self._tick_recorded_at: datetime | None = None
+        self._loop: asyncio.Runner | None = None  # app.work()'s loop for async handlers
+        self._loop_lock = threading.Lock()
 
     def clock_offset(self) -> float | None:
         """The database server's time minus this host's wall clock, in seconds (None on
@@ -183,6 +212,14 @@ class Scheduler:
         return self.registry.handler(
             name, retry_safe=retry_safe, max_attempts=max_attempts, abandoned=abandoned, queue=queue
         )
+
+    def tenant_context(self, factory: TenantContext) -> TenantContext:
+        """Register ``factory``, ``(tenant) -> context manager`` (sync, or async for ``async
+        def`` handlers), entered around every run of a job that has a tenant (a decorator).
+
+        A context that fails to enter fails that run with code ``tenant_context_failed``; the
+        handler does not start, and the attempt is retried while attempts remain."""
+        return self.registry.set_tenant_context(factory)
 
     def _job_defaults(self, handler: str) -> tuple[int, str]:
         found = self.registry.get(handler)
@@ -237,9 +274,21 @@ class Scheduler:
         self._schema_ok = True
 
     # -- rows -----------------------------------------------------------------------------
-    def sync(self, tasks: Iterable[TaskSpec] | None = None, *, dry_run: bool = False) -> SyncPlan:
-        """Make the rows match the TOML tasks atomically; ``dry_run`` only plans."""
+    def sync(
+        self,
+        tasks: Iterable[TaskSpec] | None = None,
+        *,
+        dry_run: bool = False,
+        reason: str | None = None,
+        actor: str | None = None,
+    ) -> SyncPlan:
+        """Make the rows match the TOML tasks atomically; ``dry_run`` only plans.
+
+        A sync that changes rows writes one audit entry (``actor``, ``reason``) in its
+        transaction; a dry run or a sync that changes nothing writes none.
+        """
         self.check_schema()
+        who, why = _audit.check(actor, reason)
         zone = self.settings.timezone  # a TaskSpec without one: as a task in the file
         chosen = tuple(
             task if task.timezone is not None else dataclasses.replace(task, timezone=zone)
@@ -248,13 +297,25 @@ class Scheduler:
 
         def attempt() -> SyncPlan:  # one transaction: a deadlock rolled all of it back
             with self.store.begin() as conn:
-                return _rows.sync(
+                now = self.clock()
+                plan = _rows.sync(
                     conn,
                     chosen,
-                    now=self.clock(),
+                    now=now,
                     payload_limit=self.settings.payload_limit_bytes,
                     dry_run=dry_run,
                 )
+                if not dry_run and (plan.insert or plan.update or plan.disable):
+                    _audit.record(
+                        conn,
+                        now=now,
+                        actor=who,
+                        action="sync",
+                        target=None,
+                        reason=why,
+                        detail=_sync_detail(self.config_path, plan),
+                    )
+                return plan
 
         return retry("sync", attempt)
 
@@ -295,19 +356,44 @@ class Scheduler:
             connections=self.settings.tick_connections,
         )
 
-    def enable(self, name: str) -> bool:
-        """Re-enable a disabled row (count reset, re-armed from now); False if it was enabled."""
-        return retry(f"enable {name}", lambda: self._in_transaction(_rows.enable, name))
+    def enable(self, name: str, *, reason: str | None = None, actor: str | None = None) -> bool:
+        """Re-enable a disabled row (count reset, re-armed from now, its disable note cleared);
+        False if it was enabled (nothing changed, nothing audited)."""
+        return self._audited_row("enable", name, reason, actor, _rows.enable)
 
-    def disable(self, name: str) -> None:
-        retry(f"disable {name}", lambda: self._in_transaction(_rows.disable, name))
+    def disable(self, name: str, *, reason: str | None = None, actor: str | None = None) -> None:
+        """Pause a row until :meth:`enable`; ``reason`` is kept as its ``disabled_note``."""
 
-    def trigger(self, name: str) -> None:
-        retry(f"trigger {name}", lambda: self._in_transaction(_rows.trigger, name))
+        def change(conn: Any, row: str, now: datetime) -> None:
+            _rows.disable(conn, row, now, note=_audit.check(actor, reason)[1])
 
-    def _in_transaction(self, change: Callable[[Any, str, datetime], _T], name: str) -> _T:
-        with self.store.begin() as conn:
-            return change(conn, name, self.clock())
+        self._audited_row("disable", name, reason, actor, change)
+
+    def trigger(self, name: str, *, reason: str | None = None, actor: str | None = None) -> None:
+        """Make a row due now (the tick's gates still apply)."""
+        self._audited_row("trigger", name, reason, actor, _rows.trigger)
+
+    def _audited_row(
+        self,
+        action: str,
+        name: str,
+        reason: str | None,
+        actor: str | None,
+        change: Callable[[Any, str, datetime], _T],
+    ) -> _T:
+        """``change`` and its audit entry in one transaction (none when it returned False:
+        nothing changed)."""
+        who, why = _audit.check(actor, reason)
+
+        def attempt() -> _T:
+            with self.store.begin() as conn:
+                now = self.clock()
+                result = change(conn, name, now)
+                if result is not False:
+                    _audit.record(conn, now=now, actor=who, action=action, target=name, reason=why)
+                return result
+
+        return retry(f"{action} {name}", attempt)
 
     def get_row(self, name: str) -> TaskRow | None:
         with self.store.read() as conn:
@@ -335,12 +421,19 @@ class Scheduler:
         dedupe_key: str | None = None,
         queue: str | None = None,
         max_attempts: int | None = None,
+        tenant: str | None = None,
     ) -> int:
         """Add a job; returns its id (with a ``dedupe_key``: the active job's id if any).
 
+        ``tenant`` (1-63 ASCII letters, digits, ``_``, ``-``; a letter or digit first) is whose
+        job it is: ``job.tenant``, and the ``@app.tenant_context`` is entered around its runs.
+
         Raises :class:`PayloadError` for a bad payload, ``ValueError`` for ``max_attempts``
-        below 1 or a ``handler``, ``queue`` or ``dedupe_key`` longer than its column.
+        below 1, a bad ``tenant``, or a ``handler``, ``queue`` or ``dedupe_key`` longer than
+        its column.
         """
+        if tenant is not None:
+            _jobs.check_tenant(tenant)
         text = encode_payload(payload, self.settings.payload_limit_bytes)
         default_attempts, default_queue = self._job_defaults(handler)
         if max_attempts is not None and max_attempts < 1:
@@ -356,6 +449,7 @@ class Scheduler:
             dedupe_key=dedupe_key,
             queue=queue,
             max_attempts=max_attempts or default_attempts,
+            tenant=tenant,
         )
         with _tracing.enqueue_span(handler, queue) as span:  # OpenTelemetry, if configured
             values.update(span.fields)
@@ -372,26 +466,140 @@ class Scheduler:
         with self.store.read() as conn:
             return _jobs.history(conn, job_id)
 
-    def retry_job(self, job_id: int) -> Job:
+    def retry_job(self, job_id: int, *, reason: str | None = None, actor: str | None = None) -> Job:
         """Requeue an ``aborted`` job, attempts reset; a task's job becomes a fresh run of the
         task's current job. Raises :class:`~scheduler.JobStateError` in any other state."""
 
-        def attempt() -> Job:
-            with self.store.begin() as conn:
-                return _jobs.requeue(
-                    conn, job_id, now=self.clock(), job_defaults=self._job_defaults
-                )
+        def change(conn: Any, now: datetime) -> Job:
+            return _jobs.requeue(conn, job_id, now=now, job_defaults=self._job_defaults)
 
-        return retry("retry_job", attempt)
+        return self._audited_job("retry", job_id, reason, actor, change)
 
-    def cancel_job(self, job_id: int) -> Job:
+    def cancel_job(
+        self, job_id: int, *, reason: str | None = None, actor: str | None = None
+    ) -> Job:
         """Abort a ``queued`` job with code ``cancelled``; refused in any other state."""
 
+        def change(conn: Any, now: datetime) -> Job:
+            return _jobs.cancel(conn, job_id, now=now)
+
+        return self._audited_job("cancel", job_id, reason, actor, change)
+
+    def _audited_job(
+        self,
+        action: str,
+        job_id: int,
+        reason: str | None,
+        actor: str | None,
+        change: Callable[[Any, datetime], Job],
+    ) -> Job:
+        """``change`` and its audit entry in one transaction. The target is the job's task
+        (``audit NAME`` shows it), else ``job ID``; the detail names the job."""
+        who, why = _audit.check(actor, reason)
+
         def attempt() -> Job:
             with self.store.begin() as conn:
-                return _jobs.cancel(conn, job_id, now=self.clock())
+                now = self.clock()
+                job = change(conn, now)
+                target = job.task_name if job.task_name is not None else f"job {job.id}"
+                _audit.record(
+                    conn,
+                    now=now,
+                    actor=who,
+                    action=action,
+                    target=target,
+                    reason=why,
+                    detail=f"job {job.id}",
+                )
+                return job
 
-        return retry("cancel_job", attempt)
+        return retry(f"{action}_job", attempt)
+
+    def jobs(
+        self,
+        *,
+        state: str | None = None,
+        task: str | None = None,
+        handler: str | None = None,
+        queue: str | None = None,
+        tenant: str | None = None,
+        limit: int = _jobs.LIST_LIMIT,
+    ) -> list[Job]:
+        """Jobs, newest first, ``limit`` of them (50 by default), filtered by each argument
+        given. ``state`` must be one of queued, claimed, succeeded, aborted."""
+        if state is not None and state not in _jobs.STATES:
+            raise ValueError(f"state {state!r}: expected one of {', '.join(_jobs.STATES)}")
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        with self.store.read() as conn:
+            return _jobs.list_jobs(
+                conn,
+                state=state,
+                task=task,
+                handler=handler,
+                queue=queue,
+                tenant=tenant,
+                limit=limit,
+            )
+
+    def backfill(
+        self,
+        name: str,
+        start: datetime,
+        end: datetime,
+        *,
+        dry_run: bool = False,
+        max_slots: int = _backfill.DEFAULT_MAX,
+        reason: str | None = None,
+        actor: str | None = None,
+    ) -> _backfill.BackfillResult:
+        """One job per slot of task ``name`` in ``[start, end)`` that has none yet, each with
+        its ``slot`` and a ``backfilled`` decision; the audit entry in the same transaction.
+
+        A naive ``start`` or ``end`` is a wall-clock time in the task's zone. More slots than
+        ``max_slots``, an empty or future range, or an unknown task are refused before anything
+        is written; ``dry_run`` writes nothing. Running it twice enqueues nothing twice, also
+        from two processes at once (docs/howto/operate.md).
+        """
+        self.check_schema()
+        who, why = _audit.check(actor, reason)
+
+        def attempt() -> _backfill.BackfillResult:
+            with self.store.begin() as conn:
+                now = self.clock()
+                result = _backfill.backfill(
+                    conn,
+                    name,
+                    start,
+                    end,
+                    now=now,
+                    max_slots=max_slots,
+                    dry_run=dry_run,
+                    job_defaults=self._job_defaults,
+                )
+                if not dry_run and result.enqueued:
+                    _audit.record(
+                        conn,
+                        now=now,
+                        actor=who,
+                        action="backfill",
+                        target=name,
+                        reason=why,
+                        detail=_backfill_detail(result),
+                    )
+                return result
+
+        for _ in range(_BACKFILL_ATTEMPTS):
+            try:
+                return retry(f"backfill {name}", attempt)
+            except _backfill.VersionMoved:
+                continue  # another writer changed the row: read the taken slots again
+        raise SchedulerError(f"backfill {name!r}: the task kept changing meanwhile; try again")
+
+    def audit(self, name: str | None = None, limit: int = _audit.DEFAULT_LIMIT) -> list[AuditEntry]:
+        """The audit log, newest first: ``limit`` entries, of target ``name`` if given."""
+        with self.store.read() as conn:
+            return _audit.entries(conn, name, limit)
 
     def runner(self) -> Runner:
         w = self.worker_settings
@@ -404,12 +612,37 @@ class Scheduler:
             backoff_base=timedelta(seconds=self.settings.backoff_base_seconds),
             backoff_max=timedelta(seconds=self.settings.backoff_max_seconds),
             queues=w.queues,
+            coroutine_runner=self._run_coroutine,
         )
 
+    def _run_coroutine(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Run ``coro`` on this Scheduler's own event loop (made at first use, kept until
+        :meth:`close`, so clients an async handler keeps between runs stay on one loop)."""
+        with self._loop_lock:  # one loop, one run at a time (app.work() from many threads)
+            if self._loop is None:
+                self._loop = asyncio.Runner()
+            return self._loop.run(coro)
+
     def work(self, limit: int | None = None) -> int:
-        """Run ready jobs in this thread until none is ready; returns how many were handled."""
+        """Run ready jobs in this thread until none is ready; returns how many were handled.
+
+        ``async def`` handlers run on this Scheduler's own event loop. Called where an event
+        loop is running (inside ``async def`` code) while async handlers are registered, it
+        raises :class:`SchedulerError`: await :meth:`work_async` there instead.
+        """
+        if self.registry.async_names() and _loop_running():
+            raise SchedulerError(
+                "app.work() was called inside a running event loop and async handlers are"
+                " registered: use `await app.work_async()` there (or call work() from a thread)"
+            )
         self.check_schema()
         return self.runner().work(limit)
+
+    async def work_async(self, limit: int | None = None) -> int:
+        """:meth:`work` from ``async def`` code: async handlers run on the calling event loop
+        (so they share its clients), sync ones and the database writes in threads."""
+        await asyncio.to_thread(self.check_schema)
+        return await self.runner().work_async(limit)
 
     def purge(self) -> int:
         """Delete old succeeded (and much older aborted) jobs and their history."""
@@ -431,4 +664,16 @@ class Scheduler:
         return _health.status(self)
 
     def close(self) -> None:
+        with self._loop_lock:
+            if self._loop is not None:
+                self._loop.close()
+                self._loop = None
         self.store.dispose()
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

@@ -17,6 +17,7 @@ from typing import Any
 from ._cron import validate_cron, validate_timezone
 from ._errors import ConfigError, PayloadError
 from ._payload import decode_payload, encode_payload, find_credential_key
+from ._store.jobs import tenant_problem
 
 DEFAULT_URL = "sqlite:///scheduler.db"
 DATABASE_URL_ENV = "SCHEDULER_DATABASE_URL"
@@ -42,6 +43,7 @@ class TaskSpec:
     concurrent: bool = False
     max_consecutive_failures: int | None = None  # None: use [scheduler]'s; 0 = unlimited
     enabled: bool = True
+    tenant: str | None = None  # whose task: its jobs carry it (``job.tenant``)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class WorkerSettings:
 
     imports: tuple[str, ...] = ()
     concurrency: int = 4
+    async_concurrency: int = 100  # async def handlers running at once on the event loop
     lease_seconds: float = 60.0
     shutdown_grace_seconds: float = 30.0
     purge_succeeded_after_days: float = 7.0
@@ -233,6 +236,7 @@ def _worker_settings(data: Any, path: str) -> WorkerSettings:
     settings = WorkerSettings(
         imports=t.strings("imports"),
         concurrency=t.integer("concurrency", 0),
+        async_concurrency=t.integer("async_concurrency", 1),
         lease_seconds=t.number("lease_seconds", 5),
         shutdown_grace_seconds=t.number("shutdown_grace_seconds"),
         purge_succeeded_after_days=t.number("purge_succeeded_after_days", positive=True),
@@ -323,6 +327,12 @@ def _task(t: _Table, name: str, settings: SchedulerSettings) -> TaskSpec:
     except PayloadError as exc:
         raise t.error("payload", str(exc)) from exc
     limit = "max_consecutive_failures"
+    tenant = None
+    if "tenant" in t.data:
+        tenant = t.get("tenant", "a string", lambda v: isinstance(v, str))
+        problem = tenant_problem(tenant)
+        if problem is not None:
+            raise t.error("tenant", problem)
     return TaskSpec(
         name=name,
         cron=cron,
@@ -332,6 +342,7 @@ def _task(t: _Table, name: str, settings: SchedulerSettings) -> TaskSpec:
         concurrent=t.flag("concurrent"),
         max_consecutive_failures=t.integer(limit, 0) if limit in t.data else None,
         enabled=t.flag("enabled"),
+        tenant=tenant,
     )
 
 
@@ -342,6 +353,7 @@ def _tasks(data: list[Any], path: str, settings: SchedulerSettings) -> tuple[Tas
         "concurrent": False,
         "max_consecutive_failures": None,
         "enabled": True,
+        "tenant": None,
     }
     seen: dict[str, int] = {}
     specs = []

@@ -103,6 +103,8 @@ def encode_payload(payload: Any, limit: int = DEFAULT_PAYLOAD_LIMIT) -> str:
         raise PayloadError("payload is nested too deeply") from None
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"payload is not JSON-serialisable: {exc}") from None
+    if len(text) * 4 <= limit:  # a UTF-8 character is at most 4 bytes: surely under the limit
+        return text
     size = len(text.encode())
     if size > limit:
         raise PayloadError(f"payload is {size} bytes, over the {limit}-byte limit")

@@ -1,22 +1,33 @@
-"""Running jobs: take over stopped work first, claim, call the handler, record the outcome."""
+"""Running jobs: take over stopped work first, claim, call the handler, record the outcome.
+
+A handler may be ``async def``: :meth:`Runner.execute_async` awaits it (the worker on its event
+loop, ``app.work()`` on the Scheduler's own loop). Either way the job being run is
+:func:`current_job` (a context variable: each thread and each asyncio task sees its own), and
+a job with a tenant runs inside the registry's tenant context (``@app.tenant_context``).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import functools
+import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Coroutine
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Connection, func, select
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from . import signals
 from ._errors import LeaseLost, PermanentError
-from ._handlers import Handler, Registry, error_code
+from ._handlers import Handler, Registry, error_code, is_async_callable
 from ._retry import retry
 from ._store import Store
 from ._store import jobs as _jobs
@@ -26,6 +37,24 @@ from ._store.tables import runs
 log = logging.getLogger(__name__)
 
 RECORD_WITHIN = 0.5  # seconds a finished attempt may wait to be written with others
+
+#: Stable codes of the outcomes the runner decides itself.
+TENANT_CONTEXT_FAILED = "tenant_context_failed"  # the tenant's context did not enter
+RETURNED_AWAITABLE = "handler_returned_awaitable"  # a sync handler returned a coroutine
+WORKER_STOPPED = "worker_stopped"  # an async run cancelled at shutdown, after the grace
+
+CoroutineRunner = Callable[[Coroutine[Any, Any, Any]], Any]
+
+_CURRENT: ContextVar[RunningJob | None] = ContextVar("scheduler_current_job", default=None)
+
+
+def current_job() -> RunningJob | None:
+    """The job whose handler is running here, or None outside a run.
+
+    A context variable, never a thread-local: every worker thread and every asyncio task (an
+    ``async def`` handler, and the tasks it creates, which copy its context) sees its own job.
+    """
+    return _CURRENT.get()
 
 
 @dataclass(frozen=True)
@@ -67,12 +96,17 @@ class RunningJob:
         self.max_attempts = job.max_attempts
         self.task_name = job.task_name
         self.queue = job.queue
+        self.tenant = job.tenant
         self._runner = runner
 
     def heartbeat(self) -> None:
         """Extend this job's lease; raises :class:`LeaseLost` if it was already lost."""
         if not self._runner.extend([self.id]):
             raise LeaseLost()
+
+    async def heartbeat_async(self) -> None:
+        """:meth:`heartbeat` for ``async def`` handlers: the write runs in a thread."""
+        await asyncio.to_thread(self.heartbeat)
 
     def __repr__(self) -> str:
         return f"<job {self.id} {self.handler} attempt {self.attempt}/{self.max_attempts}>"
@@ -92,8 +126,12 @@ class Runner:
         backoff_base: timedelta,
         backoff_max: timedelta,
         queues: tuple[str, ...] = ("default",),
+        coroutine_runner: CoroutineRunner | None = None,
     ) -> None:
         self.store = store
+        #: Runs a coroutine to its end from sync code (an async ``abandoned`` hook met by a
+        #: sync path, an async handler met by ``work()``): the worker's loop, or the app's.
+        self.coroutine_runner = coroutine_runner
         self.registry = registry
         self.owner = owner
         self.clock = clock
@@ -158,9 +196,12 @@ class Runner:
 
         return retry(f"{doing} expired job {job.id}", attempt, lost=lambda: False)
 
-    def claim(self, limit: int = 1) -> list[Job]:
-        """Claim up to ``limit`` ready jobs. A claim that deadlocked is run again; one that
-        still does claims nothing this time (the transaction was rolled back whole)."""
+    def claim(
+        self, limit: int = 1, *, handlers: Collection[str] = (), exclude: bool = False
+    ) -> list[Job]:
+        """Claim up to ``limit`` ready jobs (with ``handlers``: only theirs, or with
+        ``exclude`` only others'). A claim that deadlocked is run again; one that still does
+        claims nothing this time (the transaction was rolled back whole)."""
         now = self.clock()
 
         def attempt() -> list[Job]:
@@ -173,6 +214,8 @@ class Runner:
                     lease=self.lease,
                     limit=limit,
                     queues=self.queues,
+                    handlers=handlers,
+                    exclude=exclude,
                 )
 
         return retry("claim", attempt, lost=list)
@@ -211,48 +254,217 @@ class Runner:
         run = earlier + (1 if job.attempts <= 1 else 0)  # a retry: its attempt 1 is recorded
         return f"({job.handler}, task {job.task_name}) run {run},"
 
+    def _no_handler(self, job: Job, started: datetime) -> Outcome:
+        log.error(
+            "job %s: no handler registered for %r",
+            job.id,
+            job.handler,
+            extra={"action": "job_no_handler", "job_id": job.id},
+        )
+        return Outcome(job, started, ABORTED, "no_handler")
+
+    def run_coroutine(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` to its end from sync code (see ``coroutine_runner``)."""
+        if self.coroutine_runner is None:
+            return asyncio.run(coro)
+        return self.coroutine_runner(coro)
+
     def execute(self, job: Job) -> Outcome:
-        """Call the handler and decide what its attempt means; writes nothing."""
+        """Call the handler and decide what its attempt means; writes nothing.
+
+        An ``async def`` handler is run to its end with :meth:`run_coroutine`."""
         handler = self.registry.get(job.handler)
         started = self.clock()
         if handler is None:
-            log.error(
-                "job %s: no handler registered for %r",
-                job.id,
-                job.handler,
-                extra={"action": "job_no_handler", "job_id": job.id},
-            )
-            return Outcome(job, started, ABORTED, "no_handler")
+            return self._no_handler(job, started)
+        if handler.is_async:
+            outcome: Outcome = self.run_coroutine(self.execute_async(job))
+            return outcome
+        running = RunningJob(job, self)
+        token = _CURRENT.set(running)
         try:
-            handler.func(RunningJob(job, self))
+            with contextlib.ExitStack() as stack:
+                problem = self._enter_tenant(stack, job)
+                if problem is not None:
+                    return self._context_failed(job, problem, started)
+                result = handler.func(running)
+                if inspect.isawaitable(result):
+                    return self._returned_awaitable(job, result, started)
         except PermanentError as exc:
-            log.warning(
-                "job %s (%s) failed permanently: %s",
-                job.id,
-                job.handler,
-                exc,
-                extra={"action": "job_permanent_error", "job_id": job.id, "code": exc.code},
-            )
-            return Outcome(job, started, ABORTED, exc.code[:200] or "permanent_error")
+            return self._permanent(job, exc, started)
         except Exception as exc:
-            code = error_code(exc)
-            log.warning(
-                "job %s %s attempt %s/%s raised %s: %s",
-                job.id,
-                self._which_run(job),
-                job.attempts,
-                job.max_attempts,
-                code,
-                exc,
-                extra={"action": "job_attempt_failed", "job_id": job.id, "code": code},
-            )
-            if not handler.retry_safe:
-                return self.abandon(job, handler, code, started)
-            if job.attempts >= job.max_attempts:
-                return Outcome(job, started, ABORTED, code)
-            retry_at = self.clock() + self.backoff(job.attempts)
-            return Outcome(job, started, QUEUED, code, retry_at=retry_at)
+            return self._failed(job, handler, exc, started)
+        finally:
+            _CURRENT.reset(token)
         return Outcome(job, started, SUCCEEDED, None)
+
+    async def execute_async(self, job: Job) -> Outcome:
+        """:meth:`execute` on the running event loop: an ``async def`` handler is awaited (a
+        sync one runs in a thread). Cancelled while it runs (the worker's shutdown, after the
+        grace), the attempt ends as a stopped worker's does: see :meth:`_stopped`."""
+        handler = self.registry.get(job.handler)
+        started = self.clock()
+        if handler is None:
+            return self._no_handler(job, started)
+        if not handler.is_async:
+            outcome: Outcome = await asyncio.to_thread(self.execute, job)
+            return outcome
+        running = RunningJob(job, self)
+        token = _CURRENT.set(running)
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                problem = await self._enter_tenant_async(stack, job)
+                if problem is not None:
+                    return self._context_failed(job, problem, started)
+                result = await handler.func(running)
+                if inspect.isawaitable(result):
+                    return self._returned_awaitable(job, result, started)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or not task.cancelling():
+                return await self._failed_async(job, handler, asyncio.CancelledError(), started)
+            task.uncancel()  # ours to finish: record what the cancellation means
+            return await self._stopped(job, handler, started)
+        except PermanentError as exc:
+            return self._permanent(job, exc, started)
+        except Exception as exc:
+            return await self._failed_async(job, handler, exc, started)
+        finally:
+            _CURRENT.reset(token)
+        return Outcome(job, started, SUCCEEDED, None)
+
+    # -- the tenant's context -------------------------------------------------------------
+    def _tenant_context(self, job: Job) -> Any:
+        factory = self.registry.tenant_context
+        if job.tenant is None or factory is None:
+            return None
+        return factory(job.tenant)
+
+    def _enter_tenant(self, stack: contextlib.ExitStack, job: Job) -> Exception | None:
+        """Enter the tenant's context for a sync run; the exception if it failed to enter."""
+        try:
+            context = self._tenant_context(job)
+            if context is None:
+                return None
+            if hasattr(context, "__enter__"):
+                stack.enter_context(context)
+            elif hasattr(context, "__aenter__"):
+                raise TypeError("an async context manager cannot wrap a sync handler's run")
+            else:
+                raise TypeError(f"the tenant_context factory returned {type(context).__name__}")
+        except Exception as exc:
+            return exc
+        return None
+
+    async def _enter_tenant_async(
+        self, stack: contextlib.AsyncExitStack, job: Job
+    ) -> Exception | None:
+        """Enter the tenant's context (async, else sync) around an async run."""
+        try:
+            context = self._tenant_context(job)
+            if context is None:
+                return None
+            if hasattr(context, "__aenter__"):
+                await stack.enter_async_context(context)
+            elif hasattr(context, "__enter__"):
+                stack.enter_context(context)
+            else:
+                raise TypeError(f"the tenant_context factory returned {type(context).__name__}")
+        except Exception as exc:
+            return exc
+        return None
+
+    def _context_failed(self, job: Job, exc: Exception, started: datetime) -> Outcome:
+        """The handler never started: the attempt fails with ``tenant_context_failed`` and is
+        retried (whatever ``retry_safe`` says) while attempts remain."""
+        log.error(
+            "job %s (%s): the context of tenant %r failed to enter: %s: %s",
+            job.id,
+            job.handler,
+            job.tenant,
+            type(exc).__name__,
+            exc,
+            extra={"action": "tenant_context_failed", "job_id": job.id, "tenant": job.tenant},
+        )
+        if job.attempts >= job.max_attempts:
+            return Outcome(job, started, ABORTED, TENANT_CONTEXT_FAILED)
+        retry_at = self.clock() + self.backoff(job.attempts)
+        return Outcome(job, started, QUEUED, TENANT_CONTEXT_FAILED, retry_at=retry_at)
+
+    # -- outcomes ---------------------------------------------------------------------------
+    def _returned_awaitable(self, job: Job, result: Any, started: datetime) -> Outcome:
+        """A handler gave back an awaitable nobody will await: never a success."""
+        if inspect.iscoroutine(result):
+            result.close()  # no "never awaited" warning: it is reported here instead
+        log.error(
+            "job %s (%s) returned %s instead of running it: declare the handler `async def`"
+            " (or await it inside)",
+            job.id,
+            job.handler,
+            type(result).__name__,
+            extra={"action": "job_returned_awaitable", "job_id": job.id},
+        )
+        return Outcome(job, started, ABORTED, RETURNED_AWAITABLE)
+
+    def _permanent(self, job: Job, exc: PermanentError, started: datetime) -> Outcome:
+        log.warning(
+            "job %s (%s) failed permanently: %s",
+            job.id,
+            job.handler,
+            exc,
+            extra={"action": "job_permanent_error", "job_id": job.id, "code": exc.code},
+        )
+        return Outcome(job, started, ABORTED, exc.code[:200] or "permanent_error")
+
+    def _log_failure(self, job: Job, exc: BaseException, code: str, which: str) -> None:
+        log.warning(
+            "job %s %s attempt %s/%s raised %s: %s",
+            job.id,
+            which,
+            job.attempts,
+            job.max_attempts,
+            code,
+            exc,
+            extra={"action": "job_attempt_failed", "job_id": job.id, "code": code},
+        )
+
+    def _retry_or_abort(self, job: Job, code: str, started: datetime) -> Outcome:
+        if job.attempts >= job.max_attempts:
+            return Outcome(job, started, ABORTED, code)
+        retry_at = self.clock() + self.backoff(job.attempts)
+        return Outcome(job, started, QUEUED, code, retry_at=retry_at)
+
+    def _failed(self, job: Job, handler: Handler, exc: Exception, started: datetime) -> Outcome:
+        code = error_code(exc)
+        self._log_failure(job, exc, code, self._which_run(job))
+        if not handler.retry_safe:
+            return self.abandon(job, handler, code, started)
+        return self._retry_or_abort(job, code, started)
+
+    async def _failed_async(
+        self, job: Job, handler: Handler, exc: BaseException, started: datetime
+    ) -> Outcome:
+        code = error_code(exc)
+        self._log_failure(job, exc, code, await asyncio.to_thread(self._which_run, job))
+        if not handler.retry_safe:
+            return await self.abandon_async(job, handler, code, started)
+        return self._retry_or_abort(job, code, started)
+
+    async def _stopped(self, job: Job, handler: Handler, started: datetime) -> Outcome:
+        """An async run cancelled at shutdown, treated as a stopped worker's job: a retry-safe
+        handler's job is queued again at once (aborted ``worker_stopped`` on its last attempt);
+        any other is abandoned (its ``abandoned`` hook runs)."""
+        log.warning(
+            "job %s (%s) cancelled: the worker is stopping",
+            job.id,
+            job.handler,
+            extra={"action": "job_cancelled_at_shutdown", "job_id": job.id},
+        )
+        if not handler.retry_safe:
+            return await self.abandon_async(job, handler, WORKER_STOPPED, started)
+        if job.attempts >= job.max_attempts:
+            return Outcome(job, started, ABORTED, WORKER_STOPPED)
+        return Outcome(job, started, QUEUED, WORKER_STOPPED, retry_at=self.clock())
 
     def backoff(self, attempts: int) -> timedelta:
         """1, 2, 4 ... times the base after each failed attempt, capped."""
@@ -260,21 +472,53 @@ class Runner:
         delay: timedelta = min(self.backoff_base * factor, self.backoff_max)
         return delay
 
+    @staticmethod
+    def _hook(handler: Handler) -> Callable[[Any], Any] | None:
+        hook: Callable[[Any], Any] | None = handler.abandoned or getattr(
+            handler.func, "abandoned", None
+        )
+        return hook
+
+    def _hook_failed(self, job: Job) -> None:
+        log.exception(
+            "job %s: abandoned() hook of %r raised",
+            job.id,
+            job.handler,
+            extra={"action": "abandoned_hook_failed", "job_id": job.id},
+        )
+
     def abandon(self, job: Job, handler: Handler, cause: str, started: datetime) -> Outcome:
-        """Run the ``abandoned`` hook (isolated); the job is to end ``aborted``/``abandoned``."""
-        hook = handler.abandoned or getattr(handler.func, "abandoned", None)
+        """Run the ``abandoned`` hook (isolated; an async one to its end); the job is to end
+        ``aborted``/``abandoned``."""
+        hook = self._hook(handler)
         # Only the lease holder runs the hook: a worker whose lease was taken over meanwhile
         # must not run it a second time (the new owner abandons the job itself).
         if hook is not None and self.extend([job.id]):
             try:
-                hook(RunningJob(job, self))
+                result = hook(RunningJob(job, self))
+                if inspect.iscoroutine(result):
+                    self.run_coroutine(result)
             except Exception:
-                log.exception(
-                    "job %s: abandoned() hook of %r raised",
-                    job.id,
-                    job.handler,
-                    extra={"action": "abandoned_hook_failed", "job_id": job.id},
-                )
+                self._hook_failed(job)
+        return Outcome(job, started, ABORTED, "abandoned", run_code=cause, abandoned=True)
+
+    async def abandon_async(
+        self, job: Job, handler: Handler, cause: str, started: datetime
+    ) -> Outcome:
+        """:meth:`abandon` on the event loop: an async hook is awaited, a sync one runs in a
+        thread."""
+        hook = self._hook(handler)
+        held = 0 if hook is None else await asyncio.to_thread(self.extend, [job.id])
+        if hook is not None and held:
+            try:
+                if is_async_callable(hook):
+                    await hook(RunningJob(job, self))
+                else:
+                    result = await asyncio.to_thread(hook, RunningJob(job, self))
+                    if inspect.iscoroutine(result):
+                        await result
+            except Exception:
+                self._hook_failed(job)
         return Outcome(job, started, ABORTED, "abandoned", run_code=cause, abandoned=True)
 
     def record(self, outcomes: list[Outcome]) -> list[str]:
@@ -372,6 +616,27 @@ class Runner:
                     self.record(pending)
                     pending = []
             self.record(pending)
+        return handled
+
+    async def work_async(self, limit: int | None = None) -> int:
+        """:meth:`work` for a program whose event loop is running: async handlers run on that
+        loop, sync handlers and the database writes in threads. One job at a time."""
+        handled = 0
+        while limit is None or handled < limit:
+            size = 10 if limit is None else min(10, limit - handled)
+            jobs = await asyncio.to_thread(self.take_over, size) or await asyncio.to_thread(
+                self.claim, size
+            )
+            if not jobs:
+                break
+            renewed = time.monotonic()
+            for index, job in enumerate(jobs):
+                if time.monotonic() - renewed > self.lease.total_seconds() / 3:
+                    await asyncio.to_thread(self.extend, [j.id for j in jobs[index:]])
+                    renewed = time.monotonic()
+                outcome = await self.execute_async(job)
+                await asyncio.to_thread(self.record, [outcome])
+                handled += 1
         return handled
 
 

@@ -9,10 +9,17 @@ Every minute it purges old jobs and delivers ``row_disabled`` alerts a crash lef
 It keeps a row in ``scheduler_workers`` (``scheduler status`` reads it) and deletes it on exit,
 leaving its last tick on record for ``status`` (``_health.record_tick``).
 
+``async def`` handlers run on one event loop per process, on a thread of its own
+(:mod:`scheduler._loop`, with a watchdog that logs a handler blocking the loop), up to
+``async_concurrency`` at once beside the ``concurrency`` threads; the claim asks for each kind
+of job up to its own free slots. The heartbeat thread renews their leases as it does the
+threads' jobs.
+
 SIGTERM/SIGINT stop the claiming; running jobs get ``shutdown_grace_seconds`` to finish (a
-second signal cuts the grace short); jobs still running then are left to lease expiry and
-takeover. Database errors (a server restart, SQLite busy) are logged and retried with capped
-exponential backoff: the worker does not die of them.
+second signal cuts the grace short); sync jobs still running then are left to lease expiry and
+takeover, async ones are cancelled and recorded as a stopped worker's jobs (retry safety
+decides: queued again, or abandoned). Database errors (a server restart, SQLite busy) are
+logged and retried with capped exponential backoff: the worker does not die of them.
 
 Handler modules: :func:`import_handlers` imports the ``[worker] imports`` (the current
 directory importable). A module registers its handlers either way, and the worker sees both:
@@ -26,6 +33,7 @@ there too, as module-level functions (blinker holds weak references).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -34,7 +42,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 from types import FrameType
@@ -42,6 +50,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
+from ._loop import LoopThread
 from ._runner import Recorder
 from ._store import health as _health
 from ._store.jobs import Job
@@ -62,6 +71,7 @@ FORGET_WORKERS_AFTER = timedelta(hours=1)
 BACKOFF_MIN, BACKOFF_MAX = 0.5, 30.0
 START_ATTEMPTS = 5  # a transient database error at start-up is retried (0.5 + 1 + 2 + 4 s)
 MAX_TICK_OFFSET = 0.05  # seconds: the spread of the workers' tick offsets (see tick_offset)
+CANCEL_WAIT_SECONDS = 10.0  # after the grace: how long cancelled async jobs get to record
 
 
 def import_handlers(modules: Iterable[str], folder: str | None = None) -> None:
@@ -118,10 +128,16 @@ class Worker:
     def __init__(self, app: Scheduler, *, concurrency: int | None = None) -> None:
         self.app = app
         self.concurrency = app.worker_settings.concurrency if concurrency is None else concurrency
+        self.async_concurrency = app.worker_settings.async_concurrency
         self.runner = app.runner()
+        self._events: LoopThread | None = None  # started by run() when async handlers exist
+        self._async_names: frozenset[str] = frozenset()
+        self._sync_handlers = True  # any sync handler registered (else claim async only)
+        self._async: set[int] = set()  # the running jobs that run on the loop
+        self._awaiting: set[int] = set()  # those whose handler has not returned yet
         self._recorder = Recorder(self.runner)
         self._telemetry = Telemetry(app)
-        self._running: dict[int, Future[None]] = {}
+        self._running: dict[int, Future[None] | None] = {}  # None: on the event loop
         self._lock = threading.Lock()
         self._wake = threading.Event()  # a job finished, or stop() was called
         self._beat_stop = threading.Event()
@@ -137,8 +153,11 @@ class Worker:
         self._start_up(self.app.check_schema)
         self._telemetry.open()
         self._start_up(lambda: self._touch(force=True))
-        started = f"worker {self.app.worker_id} started (concurrency {self.concurrency})"
-        _log(logging.INFO, "worker_started", started)
+        self._start_loop()
+        started = f"worker {self.app.worker_id} started (concurrency {self.concurrency}"
+        if self._events is not None:
+            started += f", async_concurrency {self.async_concurrency} on the event loop"
+        _log(logging.INFO, "worker_started", started + ")")
         previous = self._install_signals() if install_signals else {}
         pool = ThreadPoolExecutor(max(self.concurrency, 1), thread_name_prefix="scheduler-job")
         beat = threading.Thread(target=self._heartbeat, name="scheduler-heartbeat", daemon=True)
@@ -154,6 +173,8 @@ class Worker:
             self._beat_stop.set()
             beat.join()
             pool.shutdown(wait=not left, cancel_futures=True)
+            if self._events is not None:
+                self._events.close()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             self._keep_tick_on_record()
@@ -175,6 +196,15 @@ class Worker:
                 self._log_error("starting", exc, backoff)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
+
+    def _start_loop(self) -> None:
+        """The event loop thread, if any handler is ``async def`` (and jobs are run at all)."""
+        registry = self.app.registry
+        self._async_names = registry.async_names()
+        self._sync_handlers = len(self._async_names) < len(registry.names())
+        if self._async_names and self.concurrency > 0:
+            self._events = LoopThread()
+            self.runner.coroutine_runner = self._events.run  # async hooks of sync handlers
 
     def _keep_tick_on_record(self) -> None:
         """The worker's last tick stays on record after it stops (its own row goes), as
@@ -286,21 +316,95 @@ class Worker:
 
     def _fill(self, pool: ThreadPoolExecutor) -> int | None:
         """Take over stopped jobs first, then claim ready ones up to capacity; return how
-        many jobs were handed to the threads (None: no free slot, nothing looked for)."""
+        many jobs were handed to the threads and the loop (None: no free slot, nothing
+        looked for).
+
+        With async handlers, the sync and the async jobs each have their own free slots: the
+        claim asks for the async handlers' jobs and for the others separately (one claim when
+        only one kind is registered), so neither kind is claimed to wait behind the other."""
         with self._lock:
-            free = self._capacity() - len(self._running)
+            running_async, awaiting = len(self._async), len(self._awaiting)
+            sync_free = self._capacity() - (len(self._running) - running_async)
+        # An async slot is free once its handler returned (its outcome waits for the
+        # recorder, its lease still renewed), up to as many again waiting to be written.
+        loop_free = 0
+        if self._events is not None:
+            limit = self.async_concurrency
+            loop_free = min(limit - awaiting, 2 * limit - running_async)
+        if self._events is not None and not self._sync_handlers:
+            sync_free = 0  # every known handler is async: the threads only see unknown ones
+        sync_free, loop_free = max(sync_free, 0), max(loop_free, 0)
+        free = sync_free + loop_free
         if free <= 0 or self._stopping:
             return None
         taken = self.runner.take_over(limit=free)
         self._submit(pool, taken)  # before claiming: a failed claim must not strand them
-        claimed = self.runner.claim(free - len(taken)) if len(taken) < free else []
+        on_loop = sum(1 for job in taken if self._on_loop(job))
+        sync_free -= len(taken) - on_loop
+        loop_free -= on_loop
+        claimed: list[Job] = []
+        unlooked = False  # a kind of job not looked for (no free slot): not "found nothing"
+        if self._events is None or not self._async_names:
+            if sync_free > 0:
+                claimed = self.runner.claim(sync_free)
+        elif not self._sync_handlers:
+            if loop_free > 0:
+                claimed = self.runner.claim(loop_free)
+        else:
+            names = self._async_names
+            unlooked = loop_free <= 0 or sync_free <= 0
+            if loop_free > 0:
+                claimed += self.runner.claim(loop_free, handlers=names)
+            if sync_free > 0:
+                claimed += self.runner.claim(sync_free, handlers=names, exclude=True)
         self._submit(pool, claimed)
-        return len(taken) + len(claimed)
+        handed = len(taken) + len(claimed)
+        return None if unlooked and not handed else handed
+
+    def _on_loop(self, job: Job) -> bool:
+        return self._events is not None and job.handler in self._async_names
 
     def _submit(self, pool: ThreadPoolExecutor, jobs: list[Job]) -> None:
         for job in jobs:
             with self._lock:
-                self._running[job.id] = pool.submit(self._run_job, job)
+                if self._events is not None and self._on_loop(job):
+                    self._async.add(job.id)
+                    self._awaiting.add(job.id)
+                    self._running[job.id] = None
+                    unstarted = functools.partial(self._release, job.id, ran=False)
+                    self._events.start_job(job, self._run_async_job(job), unstarted)
+                else:
+                    self._running[job.id] = pool.submit(self._run_job, job)
+
+    async def _run_async_job(self, job: Job) -> None:
+        began = time.monotonic()
+        try:
+            with self._telemetry.running(job) as run:
+                outcome = await self.runner.execute_async(job)
+                run.ended(outcome)
+        except Exception:
+            log.exception(
+                "job %s (%s) could not be run; its lease will expire",
+                job.id,
+                job.handler,
+                extra={"action": "job_crashed", "job_id": job.id},
+            )
+            self._release(job.id)
+            return
+        with self._lock:
+            self._awaiting.discard(job.id)
+        self._wake.set()  # a slot is free: the main thread may claim
+        self._recorder.submit(outcome, self._when_recorded(job, began))
+
+    def _when_recorded(self, job: Job, began: float) -> Callable[[str], None]:
+        def done(result: str) -> None:
+            took = time.monotonic() - began
+            if log.isEnabledFor(logging.INFO):
+                text = f"job {job.id} ({job.handler}) {result} in {took:.2f}s"
+                _log(logging.INFO, "job_done", text)
+            self._release(job.id)
+
+        return done
 
     def _run_job(self, job: Job) -> None:
         began = time.monotonic()
@@ -321,21 +425,15 @@ class Worker:
         ran = time.monotonic() - began
         avg = self._avg_seconds
         self._avg_seconds = ran if avg is None else avg + 0.1 * (ran - avg)
-
-        def done(result: str) -> None:
-            took = time.monotonic() - began
-            if log.isEnabledFor(logging.INFO):
-                text = f"job {job.id} ({job.handler}) {result} in {took:.2f}s"
-                _log(logging.INFO, "job_done", text)
-            self._release(job.id)
-
         # The job stays in _running (leases renewed, slot taken) until its outcome is written.
-        self._recorder.submit(outcome, done)
+        self._recorder.submit(outcome, self._when_recorded(job, began))
 
-    def _release(self, job_id: int) -> None:
+    def _release(self, job_id: int, ran: bool = True) -> None:
         with self._lock:
-            self._handled += 1
+            self._handled += ran
             self._running.pop(job_id, None)
+            self._async.discard(job_id)
+            self._awaiting.discard(job_id)
         self._wake.set()
 
     def _housekeeping(self) -> None:
@@ -364,19 +462,35 @@ class Worker:
                 _log(logging.WARNING, "leases_lost", lost)
 
     def _drain(self) -> int:
-        """Wait for running jobs within the grace; return how many are still running."""
+        """Wait for running jobs within the grace; then cancel the async ones and give them
+        ``CANCEL_WAIT_SECONDS`` to record that; return how many are still running."""
         deadline = time.monotonic() + self.app.worker_settings.shutdown_grace_seconds
+        cancelled_at: float | None = None
         while True:
             self._wake.clear()
             with self._lock:
                 running = sorted(self._running)
-            remaining = deadline - time.monotonic()
-            if running and (remaining <= 0 or self._force):
-                left = f"shutdown: job(s) {running} still running, left to lease expiry"
-                _log(logging.WARNING, "jobs_left_running", left, job_ids=running)
-            if not running or remaining <= 0 or self._force:
+                on_loop = sorted(self._async)
+            now = time.monotonic()
+            over = now >= deadline or self._force
+            if over and on_loop and cancelled_at is None and self._events is not None:
+                text = f"shutdown: cancelling async job(s) {on_loop} (grace over)"
+                _log(logging.WARNING, "jobs_cancelled", text, job_ids=on_loop)
+                self._events.cancel_jobs()
+                cancelled_at = now
+                continue
+            waiting_cancelled = (
+                cancelled_at is not None and on_loop and now < cancelled_at + CANCEL_WAIT_SECONDS
+            )
+            if over and not waiting_cancelled:
+                if running:
+                    left = f"shutdown: job(s) {running} still running, left to lease expiry"
+                    _log(logging.WARNING, "jobs_left_running", left, job_ids=running)
                 return len(running)
-            self._wake.wait(min(remaining, 1.0))
+            if not running:
+                return 0
+            wait = (cancelled_at + CANCEL_WAIT_SECONDS) - now if cancelled_at else deadline - now
+            self._wake.wait(min(max(wait, 0.01), 1.0))
 
     def _install_signals(self) -> dict[int, Any]:
         def handle(signum: int, _frame: FrameType | None) -> None:

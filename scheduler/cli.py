@@ -10,6 +10,7 @@ the current directory. Every error is one line on stderr (``error: ...``) and ex
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import logging
@@ -17,7 +18,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, NoReturn
 from zoneinfo import ZoneInfo
 
@@ -26,7 +27,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from . import __version__, _migrate
 from ._app import Scheduler
+from ._backfill import DEFAULT_MAX
 from ._errors import ConfigError, SchedulerError
+from ._store.audit import DEFAULT_LIMIT as AUDIT_LIMIT
+from ._store.jobs import LIST_LIMIT, STATES, Job, JobStateError
 
 CONFIG_ENV = "SCHEDULER_CONFIG"
 DEFAULT_CONFIG = "app.toml"
@@ -116,6 +120,16 @@ class State:
 pass_state = click.make_pass_decorator(State)
 
 
+def audited(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--reason`` and ``--actor``: the audit entry the command writes (SPEC §10)."""
+    command = click.option(
+        "--actor",
+        metavar="WHO",
+        help="Who acts, for the audit log [default: $SCHEDULER_ACTOR, else user@host].",
+    )(command)
+    return click.option("--reason", metavar="TEXT", help="Why, for the audit log.")(command)
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--config",
@@ -200,8 +214,9 @@ def _lines(names: dict[str, list[str]]) -> None:
 
 @cli.command()
 @click.option("--dry-run", is_flag=True, help="Show what would change; write nothing.")
+@audited
 @pass_state
-def sync(state: State, dry_run: bool) -> None:
+def sync(state: State, dry_run: bool, reason: str | None, actor: str | None) -> None:
     """Store the [[tasks]] of the file in the database.
 
     Inserts new tasks, updates changed ones, disables tasks no longer in the file; all or
@@ -215,7 +230,7 @@ def sync(state: State, dry_run: bool) -> None:
         problems = [f"handlers not checked: {describe(exc)}"]
     else:
         problems = unknown_handlers(app, [(t.name, t.handler) for t in app.tasks if t.enabled])
-    plan = app.sync(dry_run=dry_run)
+    plan = app.sync(dry_run=dry_run, reason=reason, actor=actor)
     if dry_run:
         click.echo("dry run: nothing written")
     _lines(plan.as_dict())
@@ -324,6 +339,8 @@ def _table_row(row: dict[str, Any]) -> list[str]:
         local = utc.astimezone(ZoneInfo(row["timezone"]))
         when = [f"{local:%Y-%m-%d %H:%M:%S} {row['timezone']}", f"{utc:%Y-%m-%d %H:%M:%S}Z"]
     failures, why = str(row["consecutive_failures"]), row["disabled_reason"] or ""
+    if row.get("disabled_note"):
+        why = f"{why}: {row['disabled_note']}"
     state = row["last_job_state"] or "-"
     return [row["name"], "yes" if row["enabled"] else "no", *when, state, failures, why]
 
@@ -346,14 +363,13 @@ def _print_status(data: dict[str, Any]) -> None:
         click.echo(f"warning: {warning}")
 
 
-def _row_command(
-    name: str, action: Callable[[Scheduler, str], object], done: str, doc: str
-) -> None:
+def _row_command(name: str, action: Callable[..., object], done: str, doc: str) -> None:
     @cli.command(name=name, help=doc)
     @click.argument("row", metavar="NAME")
+    @audited
     @pass_state
-    def command(state: State, row: str) -> None:
-        changed = action(state.open(), row)
+    def command(state: State, row: str, reason: str | None, actor: str | None) -> None:
+        changed = action(state.open(), row, reason=reason, actor=actor)
         click.echo((ALREADY if changed is False else done).format(row=repr(row)))
 
 
@@ -361,8 +377,291 @@ ENABLED = "enabled {row}: failures reset, next run computed from now"
 ALREADY = "{row} was already enabled: nothing changed"
 TRIGGERED = "triggered {row}: due now; the next tick dispatches it (same gates)"
 _row_command("enable", Scheduler.enable, ENABLED, "Re-enable task NAME, reset its failures.")
-_row_command("disable", Scheduler.disable, "disabled {row}", "Pause task NAME (until enable).")
+_row_command(
+    "disable",
+    Scheduler.disable,
+    "disabled {row}",
+    "Pause task NAME (until enable); --reason is shown by `status`.",
+)
 _row_command("trigger", Scheduler.trigger, TRIGGERED, "Make task NAME due now (same gates).")
+
+
+# -- operators: jobs, job, retry, cancel, backfill, audit (SPEC §10) -------------------------
+def _iso(value: datetime | None) -> str:
+    return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _table(header: str, lines: list[list[str]]) -> None:
+    """Columns aligned, the header first (``|`` separates its cells)."""
+    table = [header.split("|"), *lines]
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    for line in table:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+
+
+def _job_dict(job: Job) -> dict[str, Any]:
+    data = dataclasses.asdict(job)
+    for key, value in data.items():
+        if isinstance(value, datetime):
+            data[key] = _health_iso(value)
+    return data
+
+
+def _health_iso(value: datetime) -> str:
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _parse_instant(value: str, option: str) -> datetime:
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is not an ISO-8601 date or time (2026-11-01, 2026-11-01T03:00,"
+            " 2026-11-01T02:00:00Z); without an offset it is the task's local time",
+            param_hint=option,
+        ) from None
+
+
+JOBS_HEADER = "ID|TASK|HANDLER|QUEUE|STATE|ATTEMPTS|RUN AT / FINISHED (UTC)|ERROR"
+
+
+@cli.command()
+@click.option(
+    "--state",
+    "job_state",
+    type=click.Choice([s.value for s in STATES]),
+    help="Only jobs in this state.",
+)
+@click.option("--task", metavar="NAME", help="Only the jobs of this task.")
+@click.option("--handler", metavar="H", help="Only jobs of this handler.")
+@click.option("--queue", metavar="Q", help="Only jobs of this queue.")
+@click.option("--tenant", metavar="T", help="Only jobs of this tenant.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=LIST_LIMIT,
+    show_default=True,
+    metavar="N",
+    help="At most N jobs.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@pass_state
+def jobs(
+    state: State,
+    job_state: str | None,
+    task: str | None,
+    handler: str | None,
+    queue: str | None,
+    tenant: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List jobs, newest first (--task reads the task's index: fast at any size)."""
+    found = state.open().jobs(
+        state=job_state, task=task, handler=handler, queue=queue, tenant=tenant, limit=limit
+    )
+    if as_json:
+        click.echo(json.dumps({"jobs": [_job_dict(j) for j in found]}, indent=2))
+        return
+    if not found:
+        click.echo("no jobs")
+        return
+    lines = [
+        [
+            str(j.id),
+            j.task_name or "-",
+            j.handler,
+            j.queue,
+            j.state,
+            f"{j.attempts}/{j.max_attempts}",
+            _iso(j.finished_at if j.finished_at is not None else j.run_at),
+            j.last_error_code or "-",
+        ]
+        for j in found
+    ]
+    _table(JOBS_HEADER, lines)
+
+
+RUNS_HEADER = "ATTEMPT|STARTED (UTC)|FINISHED (UTC)|OUTCOME|ERROR|WORKER"
+
+
+@cli.command()
+@click.argument("job_id", metavar="ID", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@pass_state
+def job(state: State, job_id: int, as_json: bool) -> None:
+    """Show job ID and its attempts (the run history)."""
+    app = state.open()
+    found = app.get_job(job_id)
+    if found is None:
+        raise JobStateError(f"no job {job_id}")
+    runs = app.history(job_id)
+    if as_json:
+        data = _job_dict(found)
+        data["runs"] = [
+            {k: _health_iso(v) if isinstance(v, datetime) else v for k, v in r.items()}
+            for r in runs
+        ]
+        click.echo(json.dumps(data, indent=2))
+        return
+    fields = [
+        ("job", str(found.id)),
+        ("task", found.task_name or "-"),
+        ("tenant", found.tenant or "-"),
+        ("handler", found.handler),
+        ("queue", f"{found.queue} (priority {found.priority})"),
+        ("state", found.state),
+        ("attempts", f"{found.attempts} of {found.max_attempts}"),
+        ("error", found.last_error_code or "-"),
+        ("slot", _iso(found.slot)),
+        ("run at", _iso(found.run_at)),
+        ("created", _iso(found.created_at)),
+        ("finished", _iso(found.finished_at)),
+    ]
+    if found.lease_owner:
+        fields.append(("lease", f"{found.lease_owner} until {_iso(found.lease_expires_at)}"))
+    width = max(len(key) for key, _ in fields) + 1
+    for key, value in fields:
+        click.echo(f"{key + ':':<{width}} {value}")
+    click.echo("")
+    if not runs:
+        click.echo("no attempts finished yet")
+        return
+    _table(
+        RUNS_HEADER,
+        [
+            [
+                str(r["attempt"]),
+                _iso(r["started_at"]),
+                _iso(r["finished_at"]),
+                r["outcome"],
+                r["error_code"] or "-",
+                r["worker"] or "-",
+            ]
+            for r in runs
+        ],
+    )
+
+
+@cli.command(name="retry")
+@click.argument("job_id", metavar="ID", type=int)
+@audited
+@pass_state
+def retry_command(state: State, job_id: int, reason: str | None, actor: str | None) -> None:
+    """Requeue job ID, which must be aborted: attempts reset, run again (dead-letter retry).
+
+    A task's job must be the task's current one (or one `backfill` made): it runs again in
+    place, with the task's current handler and payload; no second job is made.
+    """
+    found = state.open().retry_job(job_id, reason=reason, actor=actor)
+    click.echo(f"job {found.id} queued again: attempts reset, runs at {_iso(found.run_at)}")
+
+
+@cli.command(name="cancel")
+@click.argument("job_id", metavar="ID", type=int)
+@audited
+@pass_state
+def cancel_command(state: State, job_id: int, reason: str | None, actor: str | None) -> None:
+    """Cancel job ID, which must be queued: it ends aborted with code `cancelled`."""
+    found = state.open().cancel_job(job_id, reason=reason, actor=actor)
+    click.echo(f"job {found.id} cancelled: aborted with code {found.last_error_code}")
+
+
+@cli.command()
+@click.argument("name", metavar="NAME")
+@click.option("--from", "start", required=True, metavar="T", help="First instant (included).")
+@click.option("--to", "end", required=True, metavar="T", help="Last instant (excluded).")
+@click.option("--dry-run", is_flag=True, help="List the slots; write nothing.")
+@click.option(
+    "--max",
+    "max_slots",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX,
+    show_default=True,
+    metavar="N",
+    help="Refuse a range of more than N slots.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@audited
+@pass_state
+def backfill(
+    state: State,
+    name: str,
+    start: str,
+    end: str,
+    dry_run: bool,
+    max_slots: int,
+    as_json: bool,
+    reason: str | None,
+    actor: str | None,
+) -> None:
+    """Enqueue one job per slot of task NAME in [--from, --to).
+
+    The slots are the task's cron in its timezone; T is ISO-8601, and without an offset it is
+    the task's local time. A slot that already has a job of the task is skipped, so running
+    it twice enqueues nothing twice. Backfilled jobs leave the task's failure count and rerun
+    in place alone; a failed one stays aborted (see `scheduler retry`).
+    """
+    result = state.open().backfill(
+        name,
+        _parse_instant(start, "--from"),
+        _parse_instant(end, "--to"),
+        dry_run=dry_run,
+        max_slots=max_slots,
+        reason=reason,
+        actor=actor,
+    )
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    zone = ZoneInfo(state.open().get_row(name).timezone)  # type: ignore[union-attr]
+    taken = set(result.taken)
+    for slot in result.slots:
+        local = slot.astimezone(zone)
+        if slot in taken:
+            what = "already has a job: skipped"
+        elif dry_run:
+            what = "would enqueue"
+        else:
+            what = f"job {result.enqueued[slot]}"
+        click.echo(f"{_iso(slot)}  {local:%Y-%m-%d %H:%M:%S%z}  {what}")
+    verb = "would enqueue" if dry_run else "enqueued"
+    done = len(result.pending) if dry_run else len(result.enqueued)
+    click.echo(
+        f"{'dry run: nothing written; ' if dry_run else ''}{len(result.slots)} slot(s),"
+        f" {verb} {done}, {len(result.taken)} already had a job"
+    )
+
+
+AUDIT_HEADER = "AT (UTC)|ACTOR|ACTION|TARGET|REASON|DETAIL"
+
+
+@cli.command(name="audit")
+@click.argument("name", metavar="[NAME]", required=False)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=AUDIT_LIMIT,
+    show_default=True,
+    metavar="N",
+    help="At most N entries.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@pass_state
+def audit_command(state: State, name: str | None, limit: int, as_json: bool) -> None:
+    """Who did what, when and why: newest first; of task NAME (or `job ID`) if given."""
+    found = state.open().audit(name, limit=limit)
+    if as_json:
+        click.echo(json.dumps({"entries": [e.as_dict() for e in found]}, indent=2))
+        return
+    if not found:
+        click.echo("nothing audited yet")
+        return
+    lines = [
+        [_iso(e.at), e.actor, e.action, e.target or "-", e.reason or "-", e.detail or "-"]
+        for e in found
+    ]
+    _table(AUDIT_HEADER, lines)
 
 
 @cli.command()

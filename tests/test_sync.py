@@ -8,6 +8,7 @@ changes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -415,7 +416,9 @@ def test_a_first_sync_is_one_read_and_one_insert(sched: Scheduler) -> None:
     sched.check_schema()
     with Statements(sched) as sql:
         assert len(sched.sync(specs(2000)).insert) == 2000
-    assert [s.split()[0] for s in sql.seen] == ["SELECT", "INSERT"], sql.seen
+    # The rows' read, their insert, and the sync's audit entry (SPEC §10), one transaction.
+    assert [s.split()[0] for s in sql.seen] == ["SELECT", "INSERT", "INSERT"], sql.seen
+    assert "scheduler_audit" in sql.seen[2]
     assert len(sched.rows()) == 2000
 
 
@@ -507,7 +510,8 @@ def test_many_changed_rows_are_updated_by_kind_of_change(sched: Scheduler) -> No
     with Statements(sched) as sql:
         plan = sched.sync(changed)
     assert len(plan.update) == 300 and len(plan.unchanged) == 100
-    assert [s.split()[0] for s in sql.seen] == ["SELECT", "UPDATE", "UPDATE", "UPDATE"]
+    # One UPDATE per kind of change, then the sync's audit entry.
+    assert [s.split()[0] for s in sql.seen] == ["SELECT", "UPDATE", "UPDATE", "UPDATE", "INSERT"]
     after = {r.name: r for r in sched.rows()}
     for i, t in enumerate(changed):
         old, new = before[t.name], after[t.name]
@@ -543,4 +547,23 @@ def test_python_tasks_get_the_files_name_rules(
         sched.sync([TaskSpec("a", "*/5 * * * *", "ok", {}, "UTC"), spec])
     message = str(raised.value)
     assert f"key '{key}'" in message and fragment in message, message
+    assert snapshot(sched) == state
+
+
+def test_an_unchanged_task_is_checked_again_where_the_rules_can_have_moved(
+    sched: Scheduler,
+) -> None:
+    """A re-sync skips the name, cron and timezone checks of a task whose handler, cron and
+    zone equal its stored row's (they passed them when written), but never the payload's:
+    under a lower limit an unchanged payload fails the sync, naming task and key."""
+    big = TaskSpec("big", "0 3 * * *", "ok", {"text": "x" * 200}, "UTC")
+    sched.sync([big, *specs(5)])
+    state = snapshot(sched)
+    sched.settings = dataclasses.replace(sched.settings, payload_limit_bytes=100)
+    with pytest.raises(ConfigError, match=r"^task 'big': key 'payload': payload is \d+ bytes"):
+        sched.sync([big, *specs(5)])
+    assert snapshot(sched) == state
+    # A changed cron on a stored row goes through the full check again.
+    with pytest.raises(ConfigError, match=r"^task 'c-000001': key 'cron': invalid cron"):
+        sched.sync([*specs(5)[:1], TaskSpec("c-000001", "0 25 * * *", "ok", {}, "UTC")])
     assert snapshot(sched) == state

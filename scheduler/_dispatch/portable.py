@@ -48,7 +48,7 @@ _P = bindparam
 
 # The new job's values are _jobs.new_job_values', each a parameter named "j_" + its column.
 JOB_COLUMNS: tuple[str, ...] = ("handler", "payload", "queue", "priority", "run_at", "state")
-JOB_COLUMNS += ("attempts", "max_attempts", "dedupe_key", "task_name", "created_at")
+JOB_COLUMNS += ("attempts", "max_attempts", "dedupe_key", "task_name", "created_at", "tenant")
 JOB_PARAMS = {c: _P(f"j_{c}", type_=jobs.c[c].type) for c in JOB_COLUMNS}
 # The row's compare-and-swap of a fresh dispatch: parameters "r_" + what they set.
 SWAP_VALUES = {
@@ -90,6 +90,7 @@ _RESET_JOB = _jobs.by_id(  # through the primary key on MariaDB/MySQL (see _jobs
         queue=_P("p_queue"),
         handler=_P("p_handler"),
         payload=_P("p_payload"),
+        tenant=_P("p_tenant"),
         run_at=_P("p_now"),
         last_error_code=None,
         lease_owner=None,
@@ -122,6 +123,7 @@ def fresh_params(row: DueRow, decision: Decision, work: Work) -> dict[str, Any]:
         task_name=row.name,
     )
     params = {f"j_{column}": value for column, value in job.items()}
+    params["j_tenant"] = row.tenant
     params.update(
         p_now=work.now,
         r_id=row.id,
@@ -206,6 +208,7 @@ def _rerun(conn: Connection, row: DueRow, decision: Decision, work: Work) -> Don
             "p_queue": queue,
             "p_handler": row.handler,
             "p_payload": row.payload,
+            "p_tenant": row.tenant,
             "p_now": work.now,
         },
     )

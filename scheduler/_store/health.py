@@ -1,8 +1,8 @@
 """Health: rows, job counts and the warnings of ``scheduler status`` (docs/runbook.md).
 
-:func:`status` reads in one transaction, four queries (rows with their last job's state, one
-aggregate over the jobs, the latest finished attempt, the workers; a fifth for the error codes
-when some task's last run aborted); ``now`` defaults to the
+:func:`status` reads in one transaction, three queries (rows with their last job's state and
+error code, one statement of index-answered counts over the jobs and the latest finished
+attempt, the workers); ``now`` defaults to the
 app's clock. Workers record that they are alive with :func:`touch` (``scheduler_workers``), and
 every tick outside a running worker is kept with :func:`record_tick`.
 """
@@ -151,6 +151,7 @@ def _row(row: _rows.TaskRow) -> dict[str, Any]:
         "consecutive_failures": row.consecutive_failures,
         "disabled_reason": row.disabled_reason,
         # extra keys
+        "disabled_note": row.disabled_note,
         "timezone": row.timezone,
         "next_run_local": local.isoformat() if local else None,
         "cron": row.cron,
@@ -164,18 +165,30 @@ def _row(row: _rows.TaskRow) -> dict[str, Any]:
 
 
 def _job_aggregates(conn: Any, now: datetime, limits: Thresholds) -> Any:
-    ready = (jobs.c.state == QUEUED) & (jobs.c.run_at <= now)
+    """One statement of scalar subqueries, each answered from an index, never a scan of the
+    jobs' rows: the counts per state and the queued and claimed figures from the ready index
+    (``state`` first), the latest finished attempt from the history's newest row (runs are
+    appended as attempts finish, so the highest id is the latest within a few seconds)."""
     overdue_at = now - timedelta(seconds=limits.job_overdue)
 
-    def count(condition: Any) -> Any:
-        return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
+    def count(*where: Any) -> Any:
+        return select(func.count()).select_from(jobs).where(*where).scalar_subquery()
 
+    queued, ready = jobs.c.state == QUEUED, jobs.c.run_at <= now
     stmt = select(
         *(count(jobs.c.state == state).label(state) for state in STATES),
-        count(ready).label("waiting"),
-        count(ready & (jobs.c.run_at <= overdue_at)).label("overdue"),
-        count((jobs.c.state == CLAIMED) & (jobs.c.lease_expires_at <= now)).label("stopped"),
-        func.min(case((ready, jobs.c.run_at))).label("oldest_ready"),
+        count(queued, ready).label("waiting"),
+        count(queued, jobs.c.run_at <= overdue_at).label("overdue"),
+        count(jobs.c.state == CLAIMED, jobs.c.lease_expires_at <= now).label("stopped"),
+        select(func.min(jobs.c.run_at))
+        .where(queued, ready)
+        .scalar_subquery()
+        .label("oldest_ready"),
+        select(runs.c.finished_at)
+        .order_by(runs.c.id.desc())
+        .limit(1)
+        .scalar_subquery()
+        .label("last_finished"),
     )
     return conn.execute(stmt).one()
 
@@ -213,11 +226,10 @@ def status(
     with app.store.read() as conn:
         task_rows = _rows.all_rows(conn)
         agg = _job_aggregates(conn, now, limits)
-        last_finished = conn.execute(select(func.max(runs.c.finished_at))).scalar()
         seen = list(conn.execute(select(workers).order_by(workers.c.started_at)))
     counts = {state: int(agg._mapping[state]) for state in STATES}
     waiting, overdue, stopped = int(agg.waiting), int(agg.overdue), int(agg.stopped)
-    oldest_ready = agg.oldest_ready
+    oldest_ready, last_finished = agg.oldest_ready, agg.last_finished
     stall_at = now - timedelta(seconds=limits.stalled)
     stalled = bool(
         oldest_ready is not None

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Iterable, Sequence
+import re
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -36,7 +37,7 @@ from .._errors import SchedulerError
 from .._payload import decode_payload
 from .._retry import retry
 from .engine import Store, skip_locked
-from .tables import JobState, jobs, rows, runs
+from .tables import JobState, decisions, jobs, rows, runs
 
 QUEUED, CLAIMED, SUCCEEDED = JobState.QUEUED, JobState.CLAIMED, JobState.SUCCEEDED
 ABORTED = JobState.ABORTED
@@ -64,6 +65,8 @@ class Job:
     created_at: datetime
     finished_at: datetime | None
     traceparent: str | None = None  # the enqueue's span (OpenTelemetry), when traced
+    slot: datetime | None = None  # the cron instant a task's job stands for (before jitter)
+    tenant: str | None = None  # whose job it is (``enqueue(tenant=...)``, a task's ``tenant``)
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> Job:
@@ -86,6 +89,8 @@ class Job:
             created_at=m["created_at"],
             finished_at=m["finished_at"],
             traceparent=m.get("traceparent"),
+            slot=m.get("slot"),
+            tenant=m.get("tenant"),
         )
 
 
@@ -111,6 +116,31 @@ def check_text(**values: str | None) -> None:
             raise ValueError(f"{name} is {len(value)} characters, over the {limit}-character limit")
 
 
+#: A tenant id: 1-63 ASCII letters, digits, ``_`` and ``-``, starting with a letter or digit
+#: (63: PostgreSQL's identifier length, so a tenant can name its schema).
+TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
+
+
+def tenant_problem(value: object) -> str | None:
+    """Why ``value`` is not a tenant id, or None if it is one."""
+    if not isinstance(value, str):
+        return f"expected a string, got {type(value).__name__}"
+    if TENANT_PATTERN.fullmatch(value) is None:
+        shown = value if len(value) <= 70 else value[:67] + "..."
+        return (
+            f"{shown!r} is not a tenant id: 1 to 63 ASCII letters, digits, '_' and '-',"
+            " starting with a letter or a digit"
+        )
+    return None
+
+
+def check_tenant(value: object) -> None:
+    """Raise ``ValueError`` unless ``value`` is a tenant id (``TENANT_PATTERN``)."""
+    problem = tenant_problem(value)
+    if problem is not None:
+        raise ValueError(f"tenant: {problem}")
+
+
 def new_job_values(
     *,
     handler: str,
@@ -122,8 +152,11 @@ def new_job_values(
     max_attempts: int = 3,
     dedupe_key: str | None = None,
     task_name: str | None = None,
+    tenant: str | None = None,
 ) -> dict[str, Any]:
-    return {
+    """A new job's column values. Columns added by later revisions (``tenant``) appear only
+    when set: the migration tests insert these values at older revisions."""
+    values = {
         "handler": handler,
         "payload": payload,
         "queue": queue,
@@ -136,6 +169,9 @@ def new_job_values(
         "task_name": task_name,
         "created_at": now,
     }
+    if tenant is not None:
+        values["tenant"] = tenant
+    return values
 
 
 _U = TypeVar("_U", bound=Update)
@@ -230,9 +266,14 @@ def get_job(conn: Connection, job_id: int) -> Job | None:
     return Job.from_row(row) if row is not None else None
 
 
-@functools.lru_cache(maxsize=8)
-def _claim_statements(skip_locked: bool, returning: bool) -> tuple[Any, ...]:
-    """The claim for one engine's capabilities: (statement) or (select, update, reselect)."""
+@functools.lru_cache(maxsize=16)
+def _claim_statements(
+    skip_locked: bool, returning: bool, by_handler: str | None = None
+) -> tuple[Any, ...]:
+    """The claim for one engine's capabilities: (statement) or (select, update, reselect).
+
+    ``by_handler`` ``"in"`` / ``"not_in"``: only the jobs of the handlers ``p_handlers``, or
+    only the others' (the worker claims its async and its sync handlers' jobs apart)."""
     ready = (
         select(jobs.c.id)
         .where(
@@ -243,6 +284,11 @@ def _claim_statements(skip_locked: bool, returning: bool) -> tuple[Any, ...]:
         .order_by(jobs.c.priority, jobs.c.run_at, jobs.c.id)
         .limit(_P("p_limit", type_=Integer))
     )
+    if by_handler is not None:
+        names: BindParameter[Any] = _P("p_handlers", expanding=True)
+        ready = ready.where(
+            jobs.c.handler.not_in(names) if by_handler == "not_in" else jobs.c.handler.in_(names)
+        )
     if skip_locked:
         ready = ready.with_for_update(skip_locked=True)
     claim_values = {
@@ -285,17 +331,23 @@ def claim(
     lease: timedelta,
     limit: int = 1,
     queues: Sequence[str] = ("default",),
+    handlers: Collection[str] = (),
+    exclude: bool = False,
 ) -> list[Job]:
-    """Move up to ``limit`` ready jobs ``queued -> claimed`` for ``owner``."""
+    """Move up to ``limit`` ready jobs ``queued -> claimed`` for ``owner`` (with ``handlers``:
+    only those handlers' jobs, or with ``exclude`` only the other handlers')."""
     returning = store.caps.claim_returning
-    statements = _claim_statements(store.caps.skip_locked, returning)
-    params = {
+    by_handler = ("not_in" if exclude else "in") if handlers else None
+    statements = _claim_statements(store.caps.skip_locked, returning, by_handler)
+    params: dict[str, Any] = {
         "p_now": now,
         "p_queues": list(queues),
         "p_limit": limit,
         "p_owner": owner,
         "p_until": now + lease,
     }
+    if by_handler is not None:
+        params["p_handlers"] = sorted(handlers)
     if returning:
         found = (Job.from_row(r) for r in conn.execute(statements[0], params))
         return sorted(found, key=lambda j: (j.priority, j.run_at, j.id))
@@ -497,6 +549,39 @@ def history(conn: Connection, job_id: int) -> list[dict[str, Any]]:
     return [dict(r._mapping) for r in conn.execute(stmt)]
 
 
+#: ``scheduler jobs`` lists this many unless told otherwise.
+LIST_LIMIT = 50
+
+
+def list_statement(
+    *,
+    state: str | None = None,
+    task: str | None = None,
+    handler: str | None = None,
+    queue: str | None = None,
+    tenant: str | None = None,
+    limit: int = LIST_LIMIT,
+) -> Select[Any]:
+    """Jobs, newest first (by id). With ``task`` it is a range of the ``(task_name, id)`` index
+    read backwards, ``limit`` entries long: no sort, whatever the table's size."""
+    stmt = select(jobs).order_by(jobs.c.id.desc()).limit(limit)
+    for column, value in (
+        (jobs.c.state, state),
+        (jobs.c.task_name, task),
+        (jobs.c.handler, handler),
+        (jobs.c.queue, queue),
+        (jobs.c.tenant, tenant),
+    ):
+        if value is not None:
+            stmt = stmt.where(column == value)
+    return stmt
+
+
+def list_jobs(conn: Connection, **filters: Any) -> list[Job]:
+    """The jobs :func:`list_statement` selects."""
+    return [Job.from_row(r) for r in conn.execute(list_statement(**filters))]
+
+
 def counts(conn: Connection) -> dict[str, int]:
     stmt = select(jobs.c.state, func.count()).group_by(jobs.c.state)
     found: dict[str, int] = {state: n for state, n in conn.execute(stmt)}
@@ -554,7 +639,9 @@ def requeue(
 ) -> Job:
     """Move an ``aborted`` job back to ``queued`` with its attempts reset (the dead-letter
     requeue). A task's job must be the task's current job (``last_job_id``): it becomes a fresh
-    run of it, handler and payload refreshed from the row, as a rerun in place does.
+    run of it, handler and payload refreshed from the row, as a rerun in place does. A job
+    ``backfill`` made is the other job of a task that may be retried: it runs its slot again,
+    and the row (``last_job_id``, ``consecutive_failures``) is not touched.
 
     One conditional UPDATE (``state = 'aborted'``), its row count checked: a job that changed
     meanwhile is refused, never requeued twice.
@@ -568,28 +655,53 @@ def requeue(
     condition = [jobs.c.id == job_id, jobs.c.state == ABORTED]
     if job.task_name is not None:
         row = conn.execute(
-            select(rows.c.handler, rows.c.payload, rows.c.last_job_id).where(
+            select(rows.c.handler, rows.c.payload, rows.c.last_job_id, rows.c.tenant).where(
                 rows.c.name == job.task_name
             )
         ).first()
         if row is not None:
-            if row.last_job_id != job_id:
+            backfilled = row.last_job_id != job_id and is_backfilled(conn, job)
+            if row.last_job_id != job_id and not backfilled:
                 raise JobStateError(
                     f"job {job_id} is not the current job of task {job.task_name!r}"
                     f" (job {row.last_job_id}): retry that one, or trigger the task"
                 )
             max_attempts, queue = job_defaults(row.handler)
             values.update(
-                handler=row.handler, payload=row.payload, max_attempts=max_attempts, queue=queue
+                handler=row.handler,
+                payload=row.payload,
+                max_attempts=max_attempts,
+                queue=queue,
+                tenant=row.tenant,
             )
-            condition.append(
-                jobs.c.id.in_(select(rows.c.last_job_id).where(rows.c.name == job.task_name))
-            )
+            if not backfilled:
+                condition.append(
+                    jobs.c.id.in_(select(rows.c.last_job_id).where(rows.c.name == job.task_name))
+                )
     if conn.execute(update(jobs).where(*condition).values(**values)).rowcount != 1:
         raise JobStateError(f"job {job_id} changed meanwhile: nothing retried")
     found = get_job(conn, job_id)
     assert found is not None
     return found
+
+
+def is_backfilled(conn: Connection, job: Job) -> bool:
+    """Whether ``backfill`` made ``job`` (its ``backfilled`` decision names it)."""
+    if job.task_name is None:
+        return False
+    found = conn.execute(
+        select(decisions.c.id)
+        .where(
+            decisions.c.task_name == job.task_name,
+            decisions.c.job_id == job.id,
+            decisions.c.decision == BACKFILLED,
+        )
+        .limit(1)
+    ).first()
+    return found is not None
+
+
+BACKFILLED = "backfilled"
 
 
 def cancel(conn: Connection, job_id: int, *, now: datetime) -> Job:

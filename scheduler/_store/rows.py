@@ -13,6 +13,7 @@ from sqlalchemy import Connection, bindparam, insert, select, update
 from .. import _cron
 from .._errors import ConfigError, SchedulerError, UnknownRow
 from .._payload import decode_payload, encode_payload
+from .jobs import tenant_problem
 from .tables import jobs, rows
 
 REASON_MANUAL = "manual"
@@ -43,6 +44,8 @@ class TaskRow:
     version: int
     last_error_code: str | None = None
     """The stable error code of the row's last job (None while it has not failed)."""
+    disabled_note: str | None = None
+    """The operator's words with a disable (``disable --reason``); cleared by ``enable``."""
 
 
 def _select_rows() -> Any:
@@ -72,6 +75,7 @@ def _view(r: Any) -> TaskRow:
         disabled_at=m["disabled_at"],
         version=m["version"],
         last_error_code=m["last_job_error"],
+        disabled_note=m["disabled_note"],
     )
 
 
@@ -108,14 +112,24 @@ def enable(conn: Connection, name: str, now: datetime) -> bool:
         enabled=True,
         disabled_reason=None,
         disabled_at=None,
+        disabled_note=None,
         consecutive_failures=0,
         next_run_at=_cron.next_after(row.cron, row.timezone, now, row.name),
     )
     return True
 
 
-def disable(conn: Connection, name: str, now: datetime, reason: str = REASON_MANUAL) -> None:
-    _write(conn, name, now, enabled=False, disabled_reason=reason, disabled_at=now)
+def disable(
+    conn: Connection,
+    name: str,
+    now: datetime,
+    reason: str = REASON_MANUAL,
+    note: str | None = None,
+) -> None:
+    """Pause the row; ``note`` is the operator's reason (``disabled_note``, shown by status)."""
+    _write(
+        conn, name, now, enabled=False, disabled_reason=reason, disabled_at=now, disabled_note=note
+    )
 
 
 def trigger(conn: Connection, name: str, now: datetime) -> None:
@@ -148,7 +162,15 @@ class SyncPlan:
 
 
 # The columns a task's definition sets, compared in this order against the stored row.
-_DEFINITION = ("handler", "payload", "cron", "timezone", "concurrent", "max_consecutive_failures")
+_DEFINITION = (
+    "handler",
+    "payload",
+    "cron",
+    "timezone",
+    "concurrent",
+    "max_consecutive_failures",
+    "tenant",
+)
 _READ = ("name", *_DEFINITION, "enabled", "disabled_reason")
 _ENABLED, _REASON = len(_DEFINITION) + 1, len(_DEFINITION) + 2
 # A new row's columns, in the order of the tuples sync builds.
@@ -172,8 +194,17 @@ _MAX_NAME = 200  # the name and handler columns' length
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # Unicode category Cc
 
 
+# A name that passes every rule of _bad_name, in one match: no control character anywhere, and
+# neither end a whitespace character.
+_GOOD_NAME = re.compile(
+    r"[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?"
+)
+
+
 def _bad_name(value: Any) -> str | None:
     """Why ``value`` cannot be a task's name or handler (the TOML loader's rules), or None."""
+    if type(value) is str and len(value) <= _MAX_NAME and _GOOD_NAME.fullmatch(value):
+        return None  # the common case, in one regular-expression match
     if not isinstance(value, str) or not value.strip():
         return "must be a non-empty string"
     if len(value) > _MAX_NAME:
@@ -183,9 +214,28 @@ def _bad_name(value: Any) -> str | None:
     return None
 
 
-def check_task(task: Any, payload_limit: int) -> tuple[str, str]:
+def check_task(task: Any, payload_limit: int, stored: Any = None) -> tuple[str, str | None]:
     """Validate a task built in Python the way the TOML loader validates the file's; return
-    its payload as stored (compact JSON) and its cron's H-free form (:func:`_cron.hash_free`)."""
+    its payload as stored (compact JSON) and its cron's H-free form (:func:`_cron.hash_free`).
+
+    ``stored`` is the task's row as read (``_READ`` order), if it has one. When its handler,
+    cron and timezone equal the task's, they passed these same checks when the row was
+    written (a cron's validity is a function of the expression and the name alone), so only
+    the payload is checked and the H-free form is None: nothing needs the next slot of a
+    schedule that did not change. The payload is always checked: the limit may have changed.
+    """
+    tenant = getattr(task, "tenant", None)  # checked on both paths: it may have changed
+    if tenant is not None and (problem := tenant_problem(tenant)) is not None:
+        raise ConfigError(f"task {task.name!r}: key 'tenant': {problem}")
+    if (
+        stored is not None
+        and stored[1] == task.handler
+        and stored[3:5] == (task.cron, task.timezone)
+    ):
+        try:
+            return encode_payload(task.payload, payload_limit), None
+        except ValueError as exc:
+            raise ConfigError(f"task {task.name!r}: key 'payload': {exc}") from None
     for key in ("name", "handler"):
         problem = _bad_name(getattr(task, key))
         if problem:
@@ -258,7 +308,9 @@ class _Slots:
         self.now = now
         self.found: dict[tuple[str, str, str], datetime] = {}
 
-    def next(self, task: Any, free: str) -> datetime:
+    def next(self, task: Any, free: str | None) -> datetime:
+        if free is None:  # a schedule the check did not draw (unchanged): draw it now
+            free = _cron.hash_free(task.cron, task.name)
         key = (task.cron, task.timezone, free)
         slot = self.found.get(key)
         if slot is None:
@@ -281,16 +333,16 @@ def sync(
     and one disables the rows gone from ``tasks``. Unchanged rows get no statement at all.
     """
     tasks = list(tasks)
-    checked: list[tuple[str, str]] = []
+    read = conn.execute(select(*(rows.c[c] for c in _READ))).all()
+    existing = {r[0]: r for r in read}
+    checked: list[tuple[str, str | None]] = []
     seen: set[str] = set()
     for task in tasks:
-        checked.append(check_task(task, payload_limit))
+        checked.append(check_task(task, payload_limit, existing.get(task.name)))
         if task.name in seen:
             raise ConfigError(f"task {task.name!r}: key 'name': duplicate task name")
         seen.add(task.name)
     plan = SyncPlan()
-    read = conn.execute(select(*(rows.c[c] for c in _READ))).all()
-    existing = {r[0]: r for r in read}
     slots = _Slots(now)
     inserts: list[tuple[Any, ...]] = []
     updates: dict[tuple[str, ...], list[dict[str, Any]]] = {}
@@ -302,6 +354,7 @@ def sync(
             task.timezone,
             bool(task.concurrent),
             task.max_consecutive_failures,
+            getattr(task, "tenant", None),
         )
         current = existing.get(task.name)
         if current is None:

@@ -38,6 +38,8 @@ class DueRow(NamedTuple):
     """The last job's state (a :class:`~scheduler._store.tables.JobState` value), None if none."""
     job_error: str | None
     """The last job's ``last_error_code``."""
+    tenant: str | None = None
+    """The row's tenant, copied into the jobs it dispatches (and reruns)."""
 
 
 Position = tuple[datetime, int]
@@ -61,6 +63,7 @@ _DUE = (
         rows.c.version,
         jobs.c.state.label("job_state"),
         jobs.c.last_error_code.label("job_error"),
+        rows.c.tenant,
     )
     .select_from(rows.outerjoin(jobs, jobs.c.id == rows.c.last_job_id))
     .where(rows.c.enabled == true(), rows.c.next_run_at <= _P("p_now"))

@@ -52,6 +52,7 @@ def tasks(
             rows.c.consecutive_failures,
             rows.c.disabled_reason,
             rows.c.disabled_at,
+            rows.c.disabled_note,
             jobs.c.state.label("last_job_state"),
             jobs.c.last_error_code.label("last_error_code"),
         )

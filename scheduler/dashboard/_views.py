@@ -76,6 +76,7 @@ def state_sentence(row: TaskRow, job: Job | None, limit: int) -> tuple[str, str]
         )
         return "bad" if row.consecutive_failures else "off", (
             f"Disabled ({row.disabled_reason or 'manual'}) since {at(row.disabled_at)}{after}."
+            + (f" Reason: {row.disabled_note}" if row.disabled_note else "")
         )
     nxt = f"next slot {at(row.next_run_at)}"
     if job is None:

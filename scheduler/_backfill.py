@@ -1,0 +1,220 @@
+"""``backfill``: one job per cron slot of a task in ``[start, end)`` (SPEC §10).
+
+The slots are the task's own (its cron in its timezone, DST rules included: ``_cron``). A slot
+is taken when a job of the task carries it (``jobs.slot``) or an attempt of one ran for it
+(``runs.slot``, kept by a rerun in place); taken slots are skipped, so running the same backfill
+twice enqueues nothing the second time.
+
+Two backfills of one task at once: each first bumps the row's ``version`` with a
+compare-and-swap on the version it read, then reads the taken slots, then inserts. The second
+one's swap waits for the first's transaction and then touches nothing (the version moved on):
+it starts again and reads the first one's jobs. The tick's dispatch swaps the same version, so
+a backfill and a dispatch of one task are ordered too. No unique index on
+``(task_name, slot)`` is needed, and the tick's insert pays nothing for backfill.
+
+Backfilled jobs are extra jobs of the task: the row's ``last_job_id`` and
+``consecutive_failures`` are left alone, so the tick's rerun in place and failure count never
+see them, and the ``overlap`` policy does not hold them back. A backfilled job that fails ends
+``aborted`` like any job (retries first, as its handler says), stays for inspection, and can be
+run again with ``scheduler retry ID``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import Connection, insert, select, update
+
+from . import _cron
+from ._errors import SchedulerError, UnknownRow
+from ._store import jobs as _jobs
+from ._store.tables import decisions, jobs, rows, runs
+
+#: ``--max``: a backfill of more slots than this is refused unless told otherwise.
+DEFAULT_MAX = 1000
+_CHUNK = 500  # slots per IN list
+_EPSILON = timedelta(microseconds=1)
+
+
+class VersionMoved(Exception):
+    """The row changed between the read and the compare-and-swap: read it again."""
+
+
+@dataclass
+class BackfillResult:
+    """What a backfill did (or, on a dry run, would do)."""
+
+    task: str
+    start: datetime
+    end: datetime
+    slots: list[datetime]
+    """Every slot of the task in ``[start, end)``, oldest first."""
+    taken: list[datetime] = field(default_factory=list)
+    """The slots that already had a job: skipped."""
+    enqueued: dict[datetime, int] = field(default_factory=dict)
+    """Slot -> the new job's id (empty on a dry run)."""
+    dry_run: bool = False
+
+    @property
+    def pending(self) -> list[datetime]:
+        """The slots a backfill enqueues (on a dry run: would enqueue)."""
+        taken = set(self.taken)
+        return [s for s in self.slots if s not in taken]
+
+    def as_dict(self) -> dict[str, Any]:
+        def iso(value: datetime) -> str:
+            return value.isoformat().replace("+00:00", "Z")
+
+        return {
+            "task": self.task,
+            "from": iso(self.start),
+            "to": iso(self.end),
+            "dry_run": self.dry_run,
+            "slots": [iso(s) for s in self.slots],
+            "taken": [iso(s) for s in self.taken],
+            "enqueued": [{"slot": iso(s), "job_id": i} for s, i in self.enqueued.items()],
+        }
+
+
+def localize(value: datetime, zone: str) -> datetime:
+    """An aware instant in UTC; a naive ``value`` is a wall-clock time in ``zone``."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        value = value.replace(tzinfo=ZoneInfo(zone))
+    return value.astimezone(UTC)
+
+
+def slots(
+    cron: str, zone: str, name: str, start: datetime, end: datetime, limit: int
+) -> list[datetime]:
+    """The slots in ``[start, end)``, oldest first; at most ``limit + 1`` (one more than
+    ``limit`` says "too many" without walking a huge range to its end)."""
+    found: list[datetime] = []
+    at = start - _EPSILON  # next_after is strictly after: ``start`` itself may be a slot
+    while len(found) <= limit:
+        slot = _cron.next_after(cron, zone, at, name)
+        if slot >= end:
+            break
+        if slot >= start:
+            found.append(slot)
+        at = slot
+    return found
+
+
+def _taken(conn: Connection, name: str, wanted: list[datetime]) -> set[datetime]:
+    """The slots of ``wanted`` that a job of the task carries, or an attempt of one ran for."""
+    found: set[datetime] = set()
+    for i in range(0, len(wanted), _CHUNK):
+        chunk = wanted[i : i + _CHUNK]
+        found.update(
+            conn.execute(
+                select(jobs.c.slot).where(jobs.c.task_name == name, jobs.c.slot.in_(chunk))
+            ).scalars()
+        )
+        found.update(
+            conn.execute(
+                select(runs.c.slot)
+                .select_from(runs.join(jobs, jobs.c.id == runs.c.job_id))
+                .where(jobs.c.task_name == name, runs.c.slot.in_(chunk))
+            ).scalars()
+        )
+    return found
+
+
+def backfill(
+    conn: Connection,
+    name: str,
+    start: datetime,
+    end: datetime,
+    *,
+    now: datetime,
+    max_slots: int = DEFAULT_MAX,
+    dry_run: bool = False,
+    job_defaults: Callable[[str], tuple[int, str]],
+) -> BackfillResult:
+    """Enqueue one job per free slot of task ``name`` in ``[start, end)``, each with its
+    ``slot`` and a ``backfilled`` decision, in this transaction. Raises :class:`UnknownRow`,
+    :class:`SchedulerError` (a bad range, too many slots) before writing anything, and
+    :class:`VersionMoved` when another writer changed the row meanwhile (run it again)."""
+    row = conn.execute(
+        select(
+            rows.c.handler,
+            rows.c.payload,
+            rows.c.cron,
+            rows.c.timezone,
+            rows.c.version,
+            rows.c.tenant,
+        ).where(rows.c.name == name)
+    ).first()
+    if row is None:
+        raise UnknownRow(f"no task named {name!r} (run `scheduler sync`?)")
+    start, end = localize(start, row.timezone), localize(end, row.timezone)
+    if start >= end:
+        raise SchedulerError(
+            f"backfill {name!r}: --from {_iso(start)} is not before --to {_iso(end)}"
+        )
+    if end > now:
+        raise SchedulerError(
+            f"backfill {name!r}: --to {_iso(end)} is in the future (now {_iso(now)}):"
+            " backfill runs slots that have passed; the tick runs the coming ones"
+        )
+    found = slots(row.cron, row.timezone, name, start, end, max_slots)
+    if len(found) > max_slots:
+        raise SchedulerError(
+            f"backfill {name!r}: more than {max_slots:,} slots from {_iso(start)} to"
+            f" {_iso(end)} (--max {max_slots}): narrow the range or raise --max"
+        )
+    result = BackfillResult(name, start, end, found, dry_run=dry_run)
+    if not found:
+        return result
+    if not dry_run:
+        swapped = conn.execute(
+            update(rows)
+            .where(rows.c.name == name, rows.c.version == row.version)
+            .values(version=rows.c.version + 1)
+        )
+        if swapped.rowcount != 1:
+            raise VersionMoved(name)
+    taken = _taken(conn, name, found)
+    result.taken = [s for s in found if s in taken]
+    if dry_run:
+        return result
+    max_attempts, queue = job_defaults(row.handler)
+    for slot in result.pending:
+        values = _jobs.new_job_values(
+            handler=row.handler,
+            payload=row.payload,
+            now=now,
+            queue=queue,
+            max_attempts=max_attempts,
+            task_name=name,
+        )
+        values["slot"] = slot
+        if row.tenant is not None:
+            values["tenant"] = row.tenant
+        result.enqueued[slot] = _jobs.insert_job(conn, values)
+    if not result.enqueued:
+        return result
+    conn.execute(
+        insert(decisions),
+        [
+            {
+                "task_name": name,
+                "slot": slot,
+                "decided_at": now,
+                "decision": _jobs.BACKFILLED,
+                "job_id": job_id,
+                "reason": "operator",
+                "detail": None,
+            }
+            for slot, job_id in result.enqueued.items()
+        ],
+    )
+    return result
+
+
+def _iso(value: datetime) -> str:
+    return value.isoformat().replace("+00:00", "Z")
