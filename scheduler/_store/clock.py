@@ -58,6 +58,8 @@ RETRY_SECONDS = 1.0
 """After a failed reading, the next try waits this long (the previous reading goes on)."""
 SAMPLES = 3
 """Round trips per reading; the shortest is kept."""
+WARN_SECONDS = 2.0
+"""A reading this far off the host's clock is logged as a warning (as ``status`` warns)."""
 
 _SERVER_NOW = {
     "postgresql": "SELECT clock_timestamp()",
@@ -155,7 +157,10 @@ class DatabaseClock:
                 log.debug("could not read the database's clock (going on with the last): %s", exc)
                 return reading
             if reading is None or abs(fresh.offset - reading.offset) > 1.0:
-                log.info(
+                # Worth a warning past the threshold status warns at (health.py's 2 s).
+                level = logging.WARNING if abs(fresh.offset) > WARN_SECONDS else logging.DEBUG
+                log.log(
+                    level,
                     "this host's clock is %+.3fs off the database's",
                     -fresh.offset,
                     extra={"action": "clock_offset", "offset": fresh.offset},
