@@ -35,6 +35,7 @@ from ._retry import retry
 from ._runner import Runner
 from ._store import Store, make_engine
 from ._store import audit as _audit
+from ._store import clock as _clock
 from ._store import decisions as _decisions
 from ._store import health as _health
 from ._store import jobs as _jobs
@@ -43,7 +44,7 @@ from ._store.audit import AuditEntry
 from ._store.jobs import Job
 from ._store.rows import SyncPlan, TaskRow
 from ._tick import TickReport
-from ._time import Clock, as_utc, utcnow
+from ._time import Clock, as_utc
 
 #: Handlers registered with ``@app.handler`` land here unless a Scheduler gets its own
 #: ``registry``, so a worker started by the CLI sees the handlers its imports registered.
@@ -127,7 +128,7 @@ class Scheduler:
         settings: SchedulerSettings | None = None,
         worker: WorkerSettings | None = None,
         registry: Registry | None = None,
-        clock: Clock | None = None,
+        clock: Clock | str | None = None,
         worker_id: str | None = None,
         config_path: str | None = None,
         metrics: MetricsSettings | None = None,
@@ -159,13 +160,22 @@ class Scheduler:
                 raise ConfigError(_missing_driver(url, database_source, exc)) from None
         self.store = Store(engine)
         self.registry = registry if registry is not None else default_registry
-        self.clock: Clock = clock or utcnow
+        # The database's clock unless told otherwise (SPEC §13; scheduler/_store/clock.py).
+        chosen = _clock.choose(self.store, clock, settings.clock)
+        self.clock_mode = chosen.mode
+        self.clock: Clock = chosen.clock
+        self._clock_meter = chosen.meter
         self.worker_id = worker_id or default_worker_id()
         self._schema_ok = False
         self.dashboard_settings = DashboardSettings()  # the file's [dashboard], if any
         self._tick_recorded_at: datetime | None = None
         self._loop: asyncio.Runner | None = None  # app.work()'s loop for async handlers
         self._loop_lock = threading.Lock()
+
+    def clock_offset(self) -> float | None:
+        """The database server's time minus this host's wall clock, in seconds (None on
+        SQLite, with an injected clock, or while the server cannot be read)."""
+        return self._clock_meter.offset() if self._clock_meter is not None else None
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str], **kwargs: Any) -> Scheduler:
@@ -320,6 +330,7 @@ class Scheduler:
         at most once every ``TICK_RECORD_SECONDS`` of the clock: the idle tick stays one
         statement in between.
         """
+        self.check_schema()  # first: the database's clock would fail less clearly
         ticked_at = as_utc(now) if now is not None else self.clock()
         report = self._tick(ticked_at)
         self._record_tick(ticked_at)
@@ -331,7 +342,7 @@ class Scheduler:
         if last is not None and last <= now < last + timedelta(seconds=TICK_RECORD_SECONDS):
             return
         try:
-            _health.record_tick(self.store, now, ticked_at)
+            _health.record_tick(self.store, now, ticked_at, clock_offset=self.clock_offset())
         except SQLAlchemyError as exc:  # the tick itself is done: worth a warning, no more
             log.warning("could not record the tick for `status`: %s", exc)
             return

@@ -24,6 +24,7 @@ DATABASE_URL_ENV = "SCHEDULER_DATABASE_URL"
 METRICS_PORT_ENV = "SCHEDULER_METRICS_PORT"  # one port per worker of a systemd template unit
 DASHBOARD_PASSWORD_ENV = "SCHEDULER_DASHBOARD_PASSWORD_HASH"
 MAX_NAME_LENGTH = 200
+CLOCK_MODES = ("database", "local")  # [scheduler] clock (scheduler/_store/clock.py)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class SchedulerSettings:
     backoff_base_seconds: float = 60.0
     backoff_max_seconds: float = 3600.0
     payload_limit_bytes: int = 65536
+    clock: str = "database"  # or "local"; SQLite's is always local; env SCHEDULER_CLOCK wins
 
 
 @dataclass(frozen=True)
@@ -235,7 +237,10 @@ def _scheduler_settings(data: Any, path: str) -> SchedulerSettings:
         backoff_base_seconds=t.number("backoff_base_seconds", positive=True),
         backoff_max_seconds=t.number("backoff_max_seconds", positive=True),
         payload_limit_bytes=t.integer("payload_limit_bytes", 1),
+        clock=t.text("clock"),
     )
+    if settings.clock not in CLOCK_MODES:
+        raise t.error("clock", f"expected 'database' or 'local', got {settings.clock!r}")
     if settings.backoff_base_seconds > settings.backoff_max_seconds:
         raise t.error("backoff_base_seconds", "must not exceed backoff_max_seconds")
     return settings

@@ -1,7 +1,8 @@
 """The long-running worker: tick, claim and run jobs on threads, heartbeats, housekeeping.
 
-Every ``tick_interval`` the worker ticks, on the wall clock's multiples of it plus a small
-offset of its own (see :func:`tick_offset`); at least every second it takes over jobs whose
+Every ``tick_interval`` the worker ticks, on its own thread, on the wall clock's multiples of
+it plus a small offset of its own (see :func:`tick_offset`); at least every second (and
+without waiting for the tick) it takes over jobs whose
 lease expired and claims ready ones, never more than it has free threads (``concurrency``; 0 =
 tick only). A heartbeat thread renews the leases of the running jobs every third of a lease.
 Every minute it purges old jobs and delivers ``row_disabled`` alerts a crash left undelivered.
@@ -68,6 +69,7 @@ HOUSEKEEPING_SECONDS = 60.0  # purge, undelivered alerts, forgotten worker rows
 PRESENCE_SECONDS = 1.0  # at most one write to scheduler_workers per this many seconds
 FORGET_WORKERS_AFTER = timedelta(hours=1)
 BACKOFF_MIN, BACKOFF_MAX = 0.5, 30.0
+START_ATTEMPTS = 5  # a transient database error at start-up is retried (0.5 + 1 + 2 + 4 s)
 MAX_TICK_OFFSET = 0.05  # seconds: the spread of the workers' tick offsets (see tick_offset)
 CANCEL_WAIT_SECONDS = 10.0  # after the grace: how long cancelled async jobs get to record
 
@@ -139,6 +141,7 @@ class Worker:
         self._lock = threading.Lock()
         self._wake = threading.Event()  # a job finished, or stop() was called
         self._beat_stop = threading.Event()
+        self._tick_stop = threading.Event()  # set when the worker stops: the tick thread ends
         self._stopping = self._force = False
         self._signals = self._handled = 0
         self._touched = float("-inf")
@@ -147,9 +150,9 @@ class Worker:
 
     def run(self, *, once: bool = False, install_signals: bool = False) -> WorkerResult:
         """Work until stopped; with ``once``: take over, tick, run what is ready, return."""
-        self.app.check_schema()
+        self._start_up(self.app.check_schema)
         self._telemetry.open()
-        self._touch(force=True)
+        self._start_up(lambda: self._touch(force=True))
         self._start_loop()
         started = f"worker {self.app.worker_id} started (concurrency {self.concurrency}"
         if self._events is not None:
@@ -179,6 +182,21 @@ class Worker:
             self._telemetry.close()
         return WorkerResult(self._handled, left)
 
+    def _start_up(self, step: Any) -> None:
+        """Run a start-up `step`, again after a back-off on a transient database error (a
+        connection cut at that moment), up to ``START_ATTEMPTS`` times in all."""
+        backoff = BACKOFF_MIN
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                step()
+                return
+            except Exception as exc:
+                if not is_transient(exc) or attempt == START_ATTEMPTS:
+                    raise
+                self._log_error("starting", exc, backoff)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+
     def _start_loop(self) -> None:
         """The event loop thread, if any handler is ``async def`` (and jobs are run at all)."""
         registry = self.app.registry
@@ -195,7 +213,12 @@ class Worker:
         if self._ticked_at is None:
             return
         try:
-            _health.record_tick(self.app.store, self.app.clock(), self._ticked_at)
+            _health.record_tick(
+                self.app.store,
+                self.app.clock(),
+                self._ticked_at,
+                clock_offset=self.app.clock_offset(),
+            )
         except Exception as exc:
             self._log_error("recording the tick", exc, None)
 
@@ -203,39 +226,55 @@ class Worker:
         """Stop claiming (thread-safe); ``force`` also cuts the shutdown grace short."""
         self._force = self._force or force
         self._stopping = True
+        self._tick_stop.set()
         self._wake.set()
 
     def _loop(self, pool: ThreadPoolExecutor) -> None:
+        # The tick runs on its own thread: claiming never waits behind a long tick, nor a
+        # tick behind a claim (each takes its own pooled connection).
+        ticker = threading.Thread(target=self._tick_loop, name="scheduler-tick", daemon=True)
+        ticker.start()
+        next_housekeeping = time.monotonic()
+        backoff = BACKOFF_MIN
+        try:
+            while not self._stopping:
+                self._wake.clear()
+                try:
+                    self._fill(pool)
+                    if time.monotonic() >= next_housekeeping:
+                        next_housekeeping = time.monotonic() + HOUSEKEEPING_SECONDS
+                        self._housekeeping()
+                    self._touch()
+                    backoff = BACKOFF_MIN
+                except Exception as exc:
+                    self._log_error("worker loop", exc, backoff)
+                    self._wake.wait(backoff)
+                    backoff = min(backoff * 2, BACKOFF_MAX)
+                    continue
+                self._wake.wait(POLL_SECONDS)
+        finally:
+            self._tick_stop.set()
+            ticker.join()
+
+    def _tick_loop(self) -> None:
+        """Tick on the grid until the worker stops; a failing tick backs off, the jobs go on."""
         interval = self.app.settings.tick_interval
         offset = tick_offset(self.app.worker_id, interval)
-        next_tick = next_housekeeping = time.monotonic()
-        backoff = tick_backoff = BACKOFF_MIN
-        while not self._stopping:
-            self._wake.clear()
-            if time.monotonic() >= next_tick:  # a failing tick does not stop the jobs
-                try:
-                    self._tick()
-                    # The next tick on the grid (after this one: a tick longer than the
-                    # interval skips the grid points it overran).
-                    next_tick = time.monotonic() + until_next_tick(time.time(), interval, offset)
-                    tick_backoff = BACKOFF_MIN
-                except Exception as exc:
-                    self._log_error("tick", exc, tick_backoff)
-                    next_tick = time.monotonic() + tick_backoff
-                    tick_backoff = min(tick_backoff * 2, BACKOFF_MAX)
+        tick_backoff = BACKOFF_MIN
+        wait = 0.0
+        while not self._tick_stop.wait(wait):
             try:
-                self._fill(pool)
-                if time.monotonic() >= next_housekeeping:
-                    next_housekeeping = time.monotonic() + HOUSEKEEPING_SECONDS
-                    self._housekeeping()
-                self._touch()
-                backoff = BACKOFF_MIN
+                if self._tick():
+                    self._wake.set()  # jobs were dispatched: claim them now
+                # The next tick on the grid (after this one: a tick longer than the interval
+                # skips the grid points it overran).
+                wall = self.app.clock().timestamp()  # the grid of the clock that decides
+                wait = until_next_tick(wall, interval, offset)
+                tick_backoff = BACKOFF_MIN
             except Exception as exc:
-                self._log_error("worker loop", exc, backoff)
-                self._wake.wait(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX)
-                continue
-            self._wake.wait(min(max(0.0, next_tick - time.monotonic()), POLL_SECONDS))
+                self._log_error("tick", exc, tick_backoff)
+                wait = tick_backoff
+                tick_backoff = min(tick_backoff * 2, BACKOFF_MAX)
 
     def _once(self, pool: ThreadPoolExecutor) -> None:
         self._tick()
@@ -251,16 +290,19 @@ class Worker:
                 self._wake.wait(POLL_SECONDS)
         self._housekeeping()
 
-    def _tick(self) -> None:
+    def _tick(self) -> bool:
+        """One tick; True if it dispatched or reran a job."""
         began = time.monotonic()
         report = self.app._tick()  # recorded by _touch, with the worker's presence
         self._telemetry.ticked(time.monotonic() - began, report)
         self._ticked_at = self.app.clock()
         for outcome, names in report.as_dict().items():
             if names:  # holds and lost races repeat every tick: debug only
-                level = logging.DEBUG if outcome in ("held_back", "lost_race") else logging.INFO
+                quiet = outcome in ("held_back", "lost_race", "locked")
+                level = logging.DEBUG if quiet else logging.INFO
                 text = ", ".join(names)
                 _log(level, f"tick_{outcome}", "tick: %s %s", outcome, text, rows=names)
+        return bool(report.dispatched or report.rerun)
 
     def _capacity(self) -> int:
         """How many jobs to hold at once: the threads, plus a prefetch while jobs are short.
@@ -467,7 +509,11 @@ class Worker:
 
     def _touch(self, force: bool = False) -> None:
         if force or time.monotonic() - self._touched >= PRESENCE_SECONDS:
-            _health.touch(self.app.store, self.app.worker_id, self.app.clock(), self._ticked_at)
+            app = self.app
+            offset = app.clock_offset()
+            _health.touch(
+                app.store, app.worker_id, app.clock(), self._ticked_at, clock_offset=offset
+            )
             self._touched = time.monotonic()
 
     def _unregister(self) -> None:

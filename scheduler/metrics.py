@@ -73,6 +73,7 @@ DECISIONS = (
     "lost_race",
     "skipped_overlap",
     "missed",
+    "locked",
 )
 #: A worker not seen in scheduler_workers for this long counts as down (``worker_up`` 0).
 WORKER_UP_SECONDS = 30.0

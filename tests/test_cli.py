@@ -149,6 +149,7 @@ def test_migrate_sync_tick_worker_status(db_url_sp: str, tmp_path: Path) -> None
         "lost_race": [],
         "skipped_overlap": [],
         "missed": [],
+        "locked": [],
     }
     worker = run_cli(tmp_path, "worker", "--once", "--concurrency", "2")
     assert worker.returncode == 0, worker.stderr

@@ -201,7 +201,8 @@ def test_polling_every_half_hour_fires_at_the_same_instants(
 
 
 def test_fall_back_with_freezegun_and_the_real_clock(db_url: str) -> None:
-    app = Scheduler(db_url, registry=Registry())  # the default clock: datetime.now(UTC)
+    # The host's clock, datetime.now(UTC), which freezegun freezes (the database's does not).
+    app = Scheduler(db_url, registry=Registry(), clock="local")
 
     @app.handler("dst.ok")
     def ok(job: Any) -> None:

@@ -215,15 +215,23 @@ def test_a_heartbeat_retries_a_lock_wait_timeout(app: Scheduler, maria_url: str)
         assert app.runner().extend([job.id]) == 1
 
 
-def test_a_takeover_retries_a_lock_wait_timeout(
+def test_a_takeover_passes_over_a_locked_job_then_takes_it(
     app: Scheduler, maria_url: str, clock: ManualClock
 ) -> None:
+    """SKIP LOCKED: a stopped job another transaction holds is not waited for (issue 17)."""
     [job] = claimed(app)
     clock.advance(minutes=2)
     other = copy.copy(app.runner())
     other.owner = "other"
-    with Holder(maria_url, lock_job(job.id)):
-        assert [j.id for j in other.take_over()] == [job.id]
+    holder = create_engine(maria_url)
+    try:
+        with holder.connect() as conn, conn.begin():
+            lock_job(job.id)(conn)
+            assert other.take_over() == []
+            assert waiting(holder) == set()
+    finally:
+        holder.dispose()
+    assert [j.id for j in other.take_over()] == [job.id]
     found = app.get_job(job.id)
     assert found is not None and (found.lease_owner, found.attempts) == ("other", 2)
 
@@ -240,14 +248,36 @@ def test_enqueue_with_a_dedupe_key_retries_a_lock_wait_timeout(
 ROW = TaskSpec("r", "* * * * *", "h", {}, "UTC")
 
 
-def test_a_tick_row_whose_swap_times_out_is_a_lost_race_then_dispatched(
+def test_a_tick_passes_over_a_locked_row_without_waiting(
     app: Scheduler, maria_url: str, clock: ManualClock
 ) -> None:
+    """SKIP LOCKED (MariaDB 10.6 on): the row is reported ``locked`` at once (issue 17)."""
+    app.sync([ROW, dataclasses.replace(ROW, name="free")])
+    clock.advance(minutes=2)
+    holder = create_engine(maria_url)
+    try:
+        with holder.connect() as conn, conn.begin():
+            lock_row("r")(conn)
+            report = app.tick()
+            assert waiting(holder) == set()
+    finally:
+        holder.dispose()
+    assert report.locked == ["r"] and report.dispatched == ["free"]
+    assert report.lost_race == []
+    assert app.tick().dispatched == ["r"]  # the next tick takes it
+
+
+def test_a_tick_row_whose_swap_times_out_is_passed_over_then_dispatched(
+    app: Scheduler, maria_url: str, clock: ManualClock
+) -> None:
+    """Without SKIP LOCKED the swap waits, bounded by the lock wait timeout: ``locked``."""
     app.sync([ROW])
     clock.advance(minutes=2)
+    app.store.engine.connect().close()
+    app.store.caps = dataclasses.replace(app.store.caps, skip_locked=False)
     with Holder(maria_url, lock_row("r"), retried=False):
         report = app.tick()
-    assert report.lost_race == ["r"] and report.dispatched == []
+    assert report.locked == ["r"] and report.dispatched == []
     assert app.tick().dispatched == ["r"]  # the next tick takes it
 
 
@@ -379,6 +409,8 @@ def test_a_tick_row_that_deadlocks_is_a_lost_race_then_dispatched(
     for the new job."""
     app.sync([ROW])
     clock.advance(minutes=2)
+    app.store.engine.connect().close()  # without SKIP LOCKED, or the tick passes over the row
+    app.store.caps = dataclasses.replace(app.store.caps, skip_locked=False)
     with app.store.read() as conn:
         newest = conn.execute(select(jobs.c.id).order_by(jobs.c.id.desc())).scalar() or 0
 

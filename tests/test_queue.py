@@ -483,7 +483,7 @@ def test_backoff_doubles_from_one_minute_caps_at_an_hour_then_aborts_with_last_c
 ):
     attempts_seen: list[int] = []
     with freeze_time("2030-03-04 05:06:07.123456") as frozen:
-        app = Scheduler(db_url, registry=Registry())
+        app = Scheduler(db_url, registry=Registry(), clock="local")  # what freezegun freezes
 
         @app.handler("flaky", retry_safe=True, max_attempts=10)
         def flaky(job: Any) -> None:
@@ -952,7 +952,14 @@ EXPECTED_COUNTS = {
     # transaction.
     "postgresql": {**_COMMON, "tick, one row dispatched": (2, 2)},
     # No UPDATE ... RETURNING: SELECT ... SKIP LOCKED, UPDATE, SELECT the jobs won.
-    "mysql": {**_COMMON, "claim": (3, 1), "work(), one job": (8, 5)},
+    # The tick's dispatch first locks the row unless another transaction holds it (SKIP
+    # LOCKED, issue 17): one more statement than SQLite's.
+    "mysql": {
+        **_COMMON,
+        "claim": (3, 1),
+        "work(), one job": (8, 5),
+        "tick, one row dispatched": (4, 2),
+    },
 }
 
 

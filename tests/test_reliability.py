@@ -28,6 +28,7 @@ from scheduler.testing import ManualClock, capture_signals
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "reliability"))
 
+import connection_cuts  # noqa: E402
 import crash_loop  # noqa: E402
 import queue_race  # noqa: E402
 import racing_schedulers  # noqa: E402
@@ -315,3 +316,19 @@ def test_a_few_seconds_of_sqlite_contention(tmp_path: Path) -> None:
     must_be_zero(figures, notes)
     values = {f.name: f.value for f in figures}
     assert values["jobs succeeded"] > 0
+
+
+@pytest.mark.slow
+def test_connections_cut_for_20_seconds(pg_url: str, tmp_path: Path) -> None:
+    """The short run of reliability/connection_cuts.py (issue 17): the worker's backends
+    terminated at random moments for 20 s; every must-be-0 figure is 0, the worker runs on."""
+    figures, notes = connection_cuts.run(
+        pg_url, seconds=20, every=(0.1, 1.0), rate=10, seed=17, prepare=False, out=tmp_path
+    )
+    must_be_zero(figures, notes)
+    values = {f.name: f.value for f in figures}
+    assert values["backends terminated"] >= 10  # the cuts happened
+    assert values["cuts inside a statement"] >= 3
+    assert values["task dispatches announced"] > 200  # and the schedule ran meanwhile
+    assert values["jobs succeeded"] > 100
+    assert "worker still running: yes" in notes

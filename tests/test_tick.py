@@ -128,6 +128,7 @@ def test_hold_back_while_queued_then_one_dispatch(sched: Scheduler) -> None:
             "lost_race": [],
             "skipped_overlap": [],
             "missed": [],
+            "locked": [],
         }
         assert row(sched, "r").next_run_at == slot(2)  # does not move
         # The first hold of the slot writes once (held_slot and its log entry); later ones

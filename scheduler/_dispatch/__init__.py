@@ -50,6 +50,8 @@ class Work:
     job_defaults: JobDefaults
     connections: int
     """Connections to spread a batch over: 0 for the engine's default, < 0 for one."""
+    skip_locked: bool = True
+    """Pass over a row another transaction holds locked (where the engine can tell at once)."""
 
 
 @dataclass

@@ -40,6 +40,7 @@ from .._alerts import Alert, cause, deliver
 from .._store import Store
 from .._store import decisions as _decisions
 from .._store import jobs as _jobs
+from .._store import locks as _locks
 from .._store.driver import Prepared, PreparedSet
 from .._store.tables import JobState, jobs, rows
 from .._tick.decide import Action, Decision, Logged
@@ -312,7 +313,9 @@ _WRITES = {
 
 
 def carry_out_row(conn: Connection, row: DueRow, decision: Decision, work: Work) -> Done:
-    """One decision in its own transaction on `conn` (a repeated hold back needs none)."""
+    """One decision in its own transaction on `conn` (a repeated hold back needs none). A row
+    (or, for a rerun, its last job) that another transaction holds locked is passed over
+    (``locked``), not waited for (``_store/locks.py``)."""
     if not decision.writes:
         return Outcome.HELD_BACK, None
     write = _WRITES.get(decision.action)
@@ -320,11 +323,17 @@ def carry_out_row(conn: Connection, row: DueRow, decision: Decision, work: Work)
         raise NotImplementedError(f"no dispatcher writes {decision.action!r} yet")
     try:
         with conn.begin():
+            job = row.last_job_id if decision.action is Action.RERUN else None
+            if work.skip_locked and not _locks.take(conn, row.id, job):
+                raise _Rollback(Outcome.LOCKED)
             return write(conn, row, decision, work)
     except _Rollback as rolled_back:
         return rolled_back.outcome, None
-    except DBAPIError as exc:  # a deadlock or lock wait timeout: the next tick takes the row
-        if _retry.lock_conflict(exc) is None:
+    except DBAPIError as exc:  # a deadlock or lock timeout: the next tick takes the row
+        if _locks.timed_out(exc):
+            log.debug("tick: task %s passed over, a lock wait timed out: %s", row.name, exc.orig)
+            return Outcome.LOCKED, None
+        if _retry.lock_conflict(exc) is None and not _locks.deadlock(exc):
             raise
         log.debug("tick: task %s lost to a lock conflict: %s", row.name, exc.orig)
         return Outcome.LOST_RACE, None

@@ -21,7 +21,17 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, func, insert, literal_column, select, update
+from sqlalchemy import (
+    Connection,
+    case,
+    exists,
+    func,
+    insert,
+    literal_column,
+    null,
+    select,
+    update,
+)
 from sqlalchemy.sql import ClauseElement
 
 from .._store import Store
@@ -51,12 +61,20 @@ DEFAULT_CONNECTIONS = 4
 """Connections a batch's fresh dispatches are spread over unless configured."""
 
 
+LOCKED_ROW = -1
+"""What the dispatch statement returns for a row another transaction holds locked."""
+
+
 def build_dispatch(_dialect: str) -> ClauseElement:
-    """The one-statement fresh dispatch: compare-and-swap, then INSERT for the row it returns."""
+    """The one-statement fresh dispatch: lock the row unless someone else holds it (``SKIP
+    LOCKED``: never wait), compare-and-swap, then INSERT for the row it returns. Returns the
+    new job's id; NULL when the swap missed (a lost race); ``LOCKED_ROW`` when the row was
+    locked by another transaction (passed over)."""
     sequence: Any = literal_column("pg_get_serial_sequence('scheduler_jobs', 'id')")
+    mine = select(rows.c.id).where(SWAP_WHERE[0]).with_for_update(skip_locked=True).cte("mine")
     swapped = (
         update(rows)
-        .where(*SWAP_WHERE)
+        .where(*SWAP_WHERE, rows.c.id.in_(select(mine.c.id)))
         .values(last_job_id=func.nextval(sequence), **SWAP_VALUES)
         .returning(rows.c.last_job_id)
         .cte("swapped")
@@ -69,7 +87,11 @@ def build_dispatch(_dialect: str) -> ClauseElement:
     )
     source = select(swapped.c.last_job_id, *(JOB_PARAMS[c] for c in JOB_COLUMNS))
     columns = [jobs.c.id, *(jobs.c[c] for c in JOB_COLUMNS)]
-    return insert(jobs).from_select(columns, source).returning(jobs.c.id).add_cte(logged)
+    inserted = insert(jobs).from_select(columns, source).returning(jobs.c.id).cte("inserted")
+    passed_over = case((exists(select(mine.c.id)), null()), else_=literal_column(str(LOCKED_ROW)))
+    # Every data-modifying CTE runs once, to completion, whether the query reads it or not.
+    found = func.coalesce(select(inserted.c.id).scalar_subquery(), passed_over)
+    return select(found).add_cte(logged)
 
 
 def _one_statement(decision: Decision) -> bool:
@@ -142,5 +164,7 @@ class PostgresDispatcher:
                 carried.failures.append(job_id)
             elif job_id is None:
                 carried.done[row.id] = (Outcome.LOST_RACE, None)
+            elif job_id == LOCKED_ROW:
+                carried.done[row.id] = (Outcome.LOCKED, None)
             else:
                 carried.done[row.id] = dispatched(row, job_id, decision.slot)

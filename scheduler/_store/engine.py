@@ -28,6 +28,18 @@ log = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
+LOCK_TIMEOUT_SECONDS = 5
+"""The longest any statement of ours waits for a lock on PostgreSQL and MariaDB/MySQL (a row
+another transaction holds, a table a migration alters). Rows and jobs locked by someone else
+are passed over without waiting (``FOR UPDATE SKIP LOCKED``); this bounds what waits anyway.
+PostgreSQL: the session's ``lock_timeout``; MariaDB/MySQL: ``innodb_lock_wait_timeout`` (row
+locks) and ``lock_wait_timeout`` (metadata locks, DDL). A statement that hits it fails with a
+lock error (SQLSTATE 55P03; error 1205), which the tick reports as ``locked``."""
+
+APPLICATION_NAME = "scheduler"
+"""PostgreSQL's ``application_name`` of our connections unless the URL sets one (so an
+operator, or ``reliability/connection_cuts.py``, can tell them in ``pg_stat_activity``)."""
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -112,6 +124,30 @@ def _ping_when_idle(engine: Engine) -> None:
             raise DisconnectionError(f"connection lost while idle: {exc}") from exc
 
 
+def _bounded_waits(engine: Engine, backend: str) -> None:
+    """Every new server connection waits for a lock at most ``LOCK_TIMEOUT_SECONDS`` (a
+    shorter timeout set for the session already, by the URL or an ``init_command``, stays)."""
+    if backend == "postgresql":  # lock_timeout 0 is "wait for ever"
+        statement = (
+            f"SELECT set_config('lock_timeout', '{LOCK_TIMEOUT_SECONDS}s', false)"
+            " WHERE current_setting('lock_timeout') = '0'"
+            f" OR current_setting('lock_timeout')::interval > interval '{LOCK_TIMEOUT_SECONDS}s'"
+        )
+    else:
+        statement = (
+            "SET SESSION innodb_lock_wait_timeout ="
+            f" LEAST(@@session.innodb_lock_wait_timeout, {LOCK_TIMEOUT_SECONDS}),"
+            f" lock_wait_timeout = LEAST(@@session.lock_wait_timeout, {LOCK_TIMEOUT_SECONDS})"
+        )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute(statement)
+        cursor.close()
+        dbapi_connection.commit()  # a session setting outlives its transaction
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """Create an engine with our per-dialect settings."""
     parsed = make_url(url)
@@ -119,12 +155,16 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     options: dict[str, Any] = {}
     if backend in ("mysql", "mariadb"):
         options.update(pool_recycle=3600)
+    if backend == "postgresql" and "application_name" not in parsed.query:
+        options.update(connect_args={"application_name": APPLICATION_NAME})
     options.update(kwargs)
     engine = create_engine(parsed, **options)
     if backend == "sqlite":
         _sqlite_hooks(engine)
-    elif not options.get("pool_pre_ping"):
-        _ping_when_idle(engine)
+    else:
+        _bounded_waits(engine, backend)
+        if not options.get("pool_pre_ping"):
+            _ping_when_idle(engine)
     return engine
 
 

@@ -41,6 +41,11 @@ class Thresholds:
     stalled: float = 600.0  # jobs waiting this long and nothing finished meanwhile
     tick: float = 120.0  # no scheduler tick for this long
     worker_gone: float = 30.0  # a worker not seen for this long is not running (kill -9)
+    clock_offset: float = 2.0  # a host's clock this far off the database's (CLOCK_WARN_SECONDS)
+
+
+CLOCK_WARN_SECONDS = Thresholds.clock_offset
+"""``status`` warns about a host whose clock is more than this off the database's."""
 
 
 # -- presence: each worker keeps a row in scheduler_workers --------------------------------
@@ -54,15 +59,19 @@ def touch(
     last_tick_at: datetime | None,
     *,
     keep_latest: bool = False,
+    clock_offset: float | None = None,
 ) -> None:
-    """Record that ``worker_id`` is alive (and when it last ticked); registers it if needed.
+    """Record that ``worker_id`` is alive (and when it last ticked, and how far its host's
+    clock is from the database's, when measured); registers it if needed.
 
     Two processes may register one id at once (``scheduler tick`` runs share their host's id):
     the one that loses (a duplicate key on PostgreSQL, a deadlock on MariaDB) updates the row
     the other inserted. ``keep_latest``: an older ``last_tick_at`` than the one on record (from
     another process of the host) leaves it.
     """
-    values = {"last_seen_at": now, "last_tick_at": last_tick_at}
+    values: dict[str, Any] = {"last_seen_at": now, "last_tick_at": last_tick_at}
+    if clock_offset is not None:
+        values["clock_offset"] = clock_offset
     changes: dict[str, Any] = dict(values)
     if keep_latest and last_tick_at is not None:
         on_record = workers.c.last_tick_at
@@ -102,11 +111,13 @@ def tick_record_id() -> str:
     return f"{socket.gethostname()}{TICK_SUFFIX}"
 
 
-def record_tick(store: Store, now: datetime, ticked_at: datetime) -> None:
+def record_tick(
+    store: Store, now: datetime, ticked_at: datetime, *, clock_offset: float | None = None
+) -> None:
     """Keep a tick on record under :func:`tick_record_id` (the latest of the host's wins), so
     that ``status`` sees ticks run from the Python API, cron(8) or a timer, and the last
     tick of a worker after it stopped."""
-    touch(store, tick_record_id(), now, ticked_at, keep_latest=True)
+    touch(store, tick_record_id(), now, ticked_at, keep_latest=True, clock_offset=clock_offset)
 
 
 def forget(
@@ -183,6 +194,29 @@ def _job_aggregates(conn: Any, now: datetime, limits: Thresholds) -> Any:
         .label("last_finished"),
     )
     return conn.execute(stmt).one()
+
+
+def _clock_warnings(seen: list[Any], older: Any, limits: Thresholds) -> list[str]:
+    """One warning per host whose clock, as its processes seen lately measured it, is more
+    than ``limits.clock_offset`` off the database's (the latest measurement of the host)."""
+    latest: dict[str, Any] = {}
+    for w in seen:
+        if w.clock_offset is None or older(w.last_seen_at, limits.worker_gone):
+            continue
+        if w.hostname not in latest or latest[w.hostname].last_seen_at < w.last_seen_at:
+            latest[w.hostname] = w
+    found = []
+    for host, w in sorted(latest.items()):
+        off = -float(w.clock_offset)  # the host's clock minus the database's
+        if abs(off) > limits.clock_offset:
+            way = "ahead of" if off > 0 else "behind"
+            found.append(
+                f"host {host}'s clock is {abs(off):.1f}s {way} the database's"
+                f" (more than {limits.clock_offset:g}s; measured by {w.id}): fix its time"
+                ' sync (NTP); with clock = "database" the scheduler decides on the'
+                " database's clock meanwhile"
+            )
+    return found
 
 
 def status(
@@ -293,6 +327,8 @@ def status(
                 f"no scheduler tick {since} and no worker is running: start `scheduler worker`"
             )
 
+    warnings.extend(_clock_warnings(seen, older, limits))
+
     return {
         "rows": [_row(r) for r in task_rows],
         "jobs": counts,
@@ -317,6 +353,7 @@ def status(
                     "started_at": iso(w.started_at),
                     "last_seen_at": iso(w.last_seen_at),
                     "last_tick_at": iso(w.last_tick_at),
+                    "clock_offset": w.clock_offset,
                 }
                 for w in running
             ],

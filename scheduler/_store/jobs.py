@@ -36,7 +36,7 @@ from sqlalchemy.sql.elements import BindParameter
 from .._errors import SchedulerError
 from .._payload import decode_payload
 from .._retry import retry
-from .engine import Store
+from .engine import Store, skip_locked
 from .tables import JobState, decisions, jobs, rows, runs
 
 QUEUED, CLAIMED, SUCCEEDED = JobState.QUEUED, JobState.CLAIMED, JobState.SUCCEEDED
@@ -385,8 +385,13 @@ def _seize(conn: Connection, job: Job, now: datetime, values: dict[str, Any]) ->
     """Write ``values`` to an expired job, conditional on the owner and expiry we saw.
 
     Whoever changed the job since (its owner renewing, another worker taking it over) makes
-    this change nothing. On a win, the lost attempt is recorded in the run history.
+    this change nothing. On a win, the lost attempt is recorded in the run history. A job
+    another transaction holds locked is not waited for: it is not taken this time.
     """
+    if skip_locked(conn.dialect):
+        mine = select(jobs.c.id).where(jobs.c.id == job.id).with_for_update(skip_locked=True)
+        if conn.execute(mine).first() is None:
+            return False
     result = conn.execute(
         by_id(update(jobs))
         .where(

@@ -14,12 +14,20 @@ from .due import DueRow
 from .loop import tick
 from .report import Outcome, TickReport
 
-DISPATCHED, RERUN, HELD_BACK, DISABLED, LOST_RACE, SKIPPED_OVERLAP, MISSED = Outcome
+DISPATCHED, RERUN, HELD_BACK, DISABLED, LOST_RACE = (
+    Outcome.DISPATCHED,
+    Outcome.RERUN,
+    Outcome.HELD_BACK,
+    Outcome.DISABLED,
+    Outcome.LOST_RACE,
+)
+SKIPPED_OVERLAP, MISSED, LOCKED = Outcome.SKIPPED_OVERLAP, Outcome.MISSED, Outcome.LOCKED
 
 __all__ = [
     "DISABLED",
     "DISPATCHED",
     "HELD_BACK",
+    "LOCKED",
     "LOST_RACE",
     "MISSED",
     "RERUN",

@@ -12,6 +12,10 @@ So that the ticks divide a large set of due rows instead of racing for the same 
 that lost a race goes on from a random position among the due rows (and comes back for the
 rows before it): two ticks that met part again. Without a lost race, the rows are taken
 oldest ``next_run_at`` first, then by id.
+
+A row another transaction holds locked (an operator's open ``UPDATE``, a migration) is
+passed over without waiting (``locked``, ``_store/locks.py``): it stays due, the tick goes on
+with the others, and the next tick looks at it again.
 """
 
 from __future__ import annotations
@@ -86,7 +90,6 @@ def tick(
 ) -> TickReport:
     """Run one tick over every due row, in bounded batches."""
     dispatcher = dispatcher_for(store)
-    work = Work(now=now, job_defaults=job_defaults, connections=connections)
     report = TickReport()
     after: Position | None = None
     seen: set[int] = set()  # the rows decided in this tick, not decided again after a jump
@@ -94,6 +97,12 @@ def tick(
     # One connection reads each batch, runs its rows (or the first lane of them) and sends the
     # signals: a checkout costs a round trip where the pool pings (PostgreSQL, MariaDB).
     with store.engine.connect() as conn:
+        work = Work(  # after the connect: MariaDB's SKIP LOCKED is known from it
+            now=now,
+            job_defaults=job_defaults,
+            connections=connections,
+            skip_locked=store.caps.skip_locked,
+        )
         while True:
             batch = due(store, conn, now, batch_size, after)
             todo = [row for row in batch if row.id not in seen] if jumped else batch

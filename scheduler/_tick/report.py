@@ -26,6 +26,9 @@ class Outcome(StrEnum):
     """The slot was dropped (overlap ``skip``: the last job is in flight); the row moved on."""
     MISSED = "missed"
     """The slot was older than the row's catch-up window: not run; the row moved on."""
+    LOCKED = "locked"
+    """Another transaction holds a lock on the row (or its last job): passed over for this tick
+    without waiting, nothing written; the row stays due for the next tick."""
 
 
 @dataclass
@@ -39,6 +42,7 @@ class TickReport:
     lost_race: list[str] = field(default_factory=list)
     skipped_overlap: list[str] = field(default_factory=list)
     missed: list[str] = field(default_factory=list)
+    locked: list[str] = field(default_factory=list)
 
     def add(self, outcome: str, name: str) -> None:
         getattr(self, outcome).append(name)
