@@ -7,9 +7,11 @@ unreachable on a developer's machine; with ``CI=true`` an unreachable server fai
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -96,6 +98,26 @@ def _drop_namespaces() -> None:
             with engine.connect() as conn:
                 conn.execute(text(ddl))
             engine.dispose()
+
+
+# Tests run in parallel processes (pytest-xdist). A test marked ``exclusive`` (it restarts the
+# shared PostgreSQL server) must run alone: every test holds a shared lock on one file for the
+# run while it runs, an exclusive test an exclusive one, so it waits for the tests running in
+# the other processes to end and they wait for it.
+_LOCK_PATH = Path(tempfile.gettempdir()) / (
+    f"scheduler-tests-{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getpid())}.lock"
+)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+    mode = fcntl.LOCK_EX if item.get_closest_marker("exclusive") else fcntl.LOCK_SH
+    with _LOCK_PATH.open("a") as lock:
+        fcntl.flock(lock, mode)
+        try:
+            return (yield)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -958,7 +958,7 @@ EXPECTED_COUNTS = {
         **_COMMON,
         "claim": (3, 1),
         "work(), one job": (8, 5),
-        "tick, one row dispatched": (4, 2),
+        "tick, one row dispatched": (5, 2),
     },
 }
 

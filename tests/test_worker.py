@@ -210,6 +210,7 @@ def pg_restart_allowed() -> str | None:
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive
 def test_postgresql_restart_loses_no_job(
     pg_url: str, tmp_path: Path, spawn: Callable[..., WorkerProcess]
 ) -> None:
