@@ -101,23 +101,29 @@ def _drop_namespaces() -> None:
 
 
 # Tests run in parallel processes (pytest-xdist). A test marked ``exclusive`` (it restarts the
-# shared PostgreSQL server) must run alone: every test holds a shared lock on one file for the
-# run while it runs, an exclusive test an exclusive one, so it waits for the tests running in
-# the other processes to end and they wait for it.
-_LOCK_PATH = Path(tempfile.gettempdir()) / (
-    f"scheduler-tests-{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getpid())}.lock"
-)
+# shared PostgreSQL server) must run alone. Every test holds a shared lock on one file while it
+# runs, an exclusive test an exclusive one; all of them pass through a gate first, which the
+# exclusive test keeps closed while it waits, so the others' next tests cannot starve it.
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid()))
+_LOCK_PATH = Path(tempfile.gettempdir()) / f"scheduler-tests-{_RUN}.lock"
+_GATE_PATH = Path(tempfile.gettempdir()) / f"scheduler-tests-{_RUN}.gate"
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
-    mode = fcntl.LOCK_EX if item.get_closest_marker("exclusive") else fcntl.LOCK_SH
-    with _LOCK_PATH.open("a") as lock:
-        fcntl.flock(lock, mode)
+    exclusive = item.get_closest_marker("exclusive") is not None
+    with _GATE_PATH.open("a") as gate, _LOCK_PATH.open("a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            if not exclusive:
+                fcntl.flock(gate, fcntl.LOCK_UN)
         try:
             return (yield)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
