@@ -10,11 +10,13 @@ import argparse
 import json
 import math
 import os
+import random
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -300,3 +302,44 @@ def percentile(values: list[float], q: float) -> float:
         return math.nan
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Producer(threading.Thread):
+    """Enqueue jobs at a steady rate; retry each one until the database acknowledges it."""
+
+    def __init__(
+        self, url: str, rate: float, seed: int, sleeps: tuple[float, float] = (0.05, 0.5)
+    ) -> None:
+        from scheduler import Scheduler
+        from scheduler._handlers import Registry
+
+        super().__init__(name="producer", daemon=True)
+        self.app = Scheduler(url, registry=Registry())
+        self.rate = rate
+        self.rng = random.Random(seed)
+        self.stop = threading.Event()
+        self.acked: dict[int, tuple[int, str]] = {}  # n -> (job id, handler)
+        self.refused = 0  # enqueue attempts that raised (the database was away)
+        self.n = 0
+        self.sleeps = sleeps
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.n += 1
+            handler = self.rng.choice(["rel.safe", "rel.unsafe"])
+            payload = {"n": self.n, "sleep": round(self.rng.uniform(*self.sleeps), 3)}
+            while True:  # the same job until acknowledged; the dedupe key makes it idempotent
+                try:
+                    job_id = self.app.enqueue(
+                        handler,
+                        payload,
+                        dedupe_key=f"n-{self.n}",
+                        max_attempts=10 if handler == "rel.safe" else 3,
+                    )
+                    self.acked[self.n] = (job_id, handler)
+                    break
+                except Exception:
+                    self.refused += 1
+                    if self.stop.wait(0.2):
+                        return
+            self.stop.wait(1.0 / self.rate)

@@ -77,41 +77,6 @@ def kind_of(query: str) -> str:
     return "other: " + " ".join(query.split()[:3])
 
 
-class Producer(threading.Thread):
-    """Enqueue jobs at a steady rate; retry each until the database acknowledges it."""
-
-    def __init__(self, url: str, rate: float, seed: int) -> None:
-        super().__init__(name="producer", daemon=True)
-        self.app = Scheduler(url, registry=Registry())
-        self.rate = rate
-        self.rng = random.Random(seed)
-        self.stop = threading.Event()
-        self.acked: dict[int, tuple[int, str]] = {}  # n -> (job id, handler)
-        self.refused = 0
-        self.n = 0
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            self.n += 1
-            handler = self.rng.choice(["rel.safe", "rel.unsafe"])
-            payload = {"n": self.n, "sleep": round(self.rng.uniform(0.01, 0.3), 3)}
-            while True:
-                try:
-                    job_id = self.app.enqueue(
-                        handler,
-                        payload,
-                        dedupe_key=f"n-{self.n}",
-                        max_attempts=10 if handler == "rel.safe" else 3,
-                    )
-                    self.acked[self.n] = (job_id, handler)
-                    break
-                except Exception:
-                    self.refused += 1
-                    if self.stop.wait(0.2):
-                        return
-            self.stop.wait(1.0 / self.rate)
-
-
 class Killer(threading.Thread):
     """Terminate the worker's backends at random moments (see the module's docstring)."""
 
@@ -186,7 +151,7 @@ def run(
     out = out or c.workdir("cuts")
     previous = signal.signal(signal.SIGTERM, _terminate)
     worker: c.Worker | None = None
-    producer: Producer | None = None
+    producer: c.Producer | None = None
     killer: Killer | None = None
     codes: dict[str, int] = {}
     try:
@@ -217,7 +182,7 @@ def run(
         # start-up checks, before the worker loop, makes `scheduler worker` exit 1.
         if not c.wait_for(lambda: _registered(url), timeout=60, every=0.2):
             raise SystemExit("the worker did not start")
-        producer = Producer(url, rate, seed)
+        producer = c.Producer(url, rate, seed, sleeps=(0.01, 0.3))
         killer = Killer(url, every, seed)
         producer.start()
         killer.start()
@@ -282,7 +247,7 @@ def _active(app: Scheduler, acked: set[int]) -> int:
 
 def analyse(
     out: Path,
-    producer: Producer,
+    producer: c.Producer,
     killer: Killer,
     db: dict[int, Any],
     worker: c.Worker,
@@ -318,7 +283,7 @@ def analyse(
     per_n = collections.Counter(json.loads(db[j].payload).get("n") for j in db if j in acked)
     # Every job is at an end but the newest of each row (the tick dispatched until the stop),
     # which the worker's shutdown may leave claimed: those end by lease expiry and takeover.
-    newest = {}
+    newest: dict[str, int] = {}
     for j in task_jobs:
         if j.id > newest.get(j.task_name, 0):
             newest[j.task_name] = j.id

@@ -24,7 +24,6 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -75,41 +74,6 @@ def ensure_running(host: str, port: int) -> bool:
     return c.wait_for(lambda: pg_ready(host, port), timeout=60, every=0.5)
 
 
-class Producer(threading.Thread):
-    """Enqueue jobs at a steady rate; retry each one until the database acknowledges it."""
-
-    def __init__(self, url: str, rate: float, seed: int) -> None:
-        super().__init__(name="producer", daemon=True)
-        self.app = Scheduler(url, registry=Registry())
-        self.rate = rate
-        self.rng = random.Random(seed)
-        self.stop = threading.Event()
-        self.acked: dict[int, tuple[int, str]] = {}  # n -> (job id, handler)
-        self.refused = 0  # enqueue attempts that raised (the database was away)
-        self.n = 0
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            self.n += 1
-            handler = self.rng.choice(["rel.safe", "rel.unsafe"])
-            payload = {"n": self.n, "sleep": round(self.rng.uniform(0.05, 0.5), 3)}
-            while True:  # the same job until acknowledged; the dedupe key makes it idempotent
-                try:
-                    job_id = self.app.enqueue(
-                        handler,
-                        payload,
-                        dedupe_key=f"n-{self.n}",
-                        max_attempts=10 if handler == "rel.safe" else 3,
-                    )
-                    self.acked[self.n] = (job_id, handler)
-                    break
-                except Exception:
-                    self.refused += 1
-                    if self.stop.wait(0.2):
-                        return
-            self.stop.wait(1.0 / self.rate)
-
-
 def run(
     url: str,
     *,
@@ -130,7 +94,7 @@ def run(
     out = out or c.workdir("restart")
     previous = signal.signal(signal.SIGTERM, _terminate)
     workers: list[c.Worker] = []
-    producer: Producer | None = None
+    producer: c.Producer | None = None
     restart_log: list[tuple[float, float, int]] = []  # (began, ready, pg_ctlcluster status)
     codes: dict[str, int] = {}
     try:
@@ -144,7 +108,7 @@ def run(
             worker={"concurrency": 4, "lease_seconds": lease, "shutdown_grace_seconds": 10},
         )
         workers = [c.Worker(config, url, out, f"w{i}") for i in range(2)]
-        producer = Producer(url, rate, seed)
+        producer = c.Producer(url, rate, seed)
         producer.start()
         began = time.monotonic()
         for i in range(restarts):
@@ -193,7 +157,7 @@ def _active(app: Scheduler) -> int:
 
 def analyse(
     out: Path,
-    producer: Producer,
+    producer: c.Producer,
     db: dict[int, Any],
     workers: list[c.Worker],
     alive: dict[str, bool],
