@@ -241,3 +241,18 @@ def test_status_refuses_an_outdated_schema(tmp_path: Path) -> None:
             app.status()
     finally:
         app.close()
+
+
+def test_status_without_rows_warns_the_same_and_lists_none(app: Scheduler) -> None:
+    """The dashboard's health read: the same counts and warnings, an empty row list; and the
+    row views status reads carry no payload (it shows none), while app.rows() still does."""
+    from scheduler import TaskSpec
+
+    app.sync([TaskSpec("t", "* * * * *", "h", {"k": "v"}, "UTC")])
+    now = datetime(2030, 1, 7, 12, 0, tzinfo=UTC)
+    full = status(app, now)
+    light = status(app, now, rows=False)
+    assert [r["name"] for r in full["rows"]] == ["t"] and light["rows"] == []
+    assert light["jobs"] == full["jobs"] and light["health"] == full["health"]
+    assert "payload" not in full["rows"][0]
+    assert app.rows()[0].payload == {"k": "v"}

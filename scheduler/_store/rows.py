@@ -56,9 +56,17 @@ class TaskRow:
     """The operator's words with a disable (``disable --reason``); cleared by ``enable``."""
 
 
-def _select_rows() -> Any:
+# The columns a TaskRow shows (no timestamps it does not show: each costs a conversion).
+_VIEWED = (
+    "name", "handler", "payload", "cron", "timezone", "concurrent", "enabled", "next_run_at",
+    "last_job_id", "consecutive_failures", "max_consecutive_failures", "disabled_reason",
+    "disabled_at", "version", "overlap", "catchup_window", "jitter", "disabled_note",
+)  # fmt: skip
+
+
+def _select_rows(*, payloads: bool = True) -> Any:
     return select(
-        rows,
+        *(rows.c[c] for c in _VIEWED if payloads or c != "payload"),
         jobs.c.state.label("last_job_state"),
         jobs.c.last_error_code.label("last_job_error"),
     ).select_from(rows.outerjoin(jobs, jobs.c.id == rows.c.last_job_id))
@@ -69,7 +77,7 @@ def _view(r: Any) -> TaskRow:
     return TaskRow(
         name=m["name"],
         handler=m["handler"],
-        payload=decode_payload(m["payload"]),
+        payload=decode_payload(m["payload"]) if "payload" in m else {},
         cron=m["cron"],
         timezone=m["timezone"],
         concurrent=bool(m["concurrent"]),
@@ -95,8 +103,10 @@ def get_row(conn: Connection, name: str) -> TaskRow | None:
     return _view(found) if found is not None else None
 
 
-def all_rows(conn: Connection) -> list[TaskRow]:
-    return [_view(r) for r in conn.execute(_select_rows().order_by(rows.c.name))]
+def all_rows(conn: Connection, *, payloads: bool = True) -> list[TaskRow]:
+    """Every row, by name; without ``payloads`` their views' payloads are empty (``status``,
+    which shows none: decoding 10,000 of them was a third of its time)."""
+    return [_view(r) for r in conn.execute(_select_rows(payloads=payloads).order_by(rows.c.name))]
 
 
 def _write(conn: Connection, name: str, now: datetime, **values: Any) -> None:

@@ -28,6 +28,7 @@ from starlette.staticfiles import StaticFiles
 
 from .._config import DashboardSettings
 from .._errors import ConfigError, SchedulerError
+from .._store import health as _health
 from .._store.jobs import STATES
 from . import _queries, _views
 from ._auth import Signer, credentials, credentials_match
@@ -68,16 +69,18 @@ class Dashboard:
         self._status_lock = threading.Lock()
 
     def status(self) -> dict[str, Any]:
-        """``app.status()``, computed at most once per refresh interval for all viewers.
+        """``app.status()`` without its row list, computed at most once per refresh interval for
+        all viewers.
 
-        It aggregates over every job (seconds at a million jobs): without this, each open tab
+        It reads every row and counts every state (about half a second at 10,000 tasks and a
+        million jobs): without this, each open tab
         would start one every few seconds, and they would pile up. One at a time; the others
         wait for it and share its result.
         """
         with self._status_lock:
             found = self._status
             if found is None or time.monotonic() - found[0] >= self.settings.refresh_seconds:
-                data = self.app.status()
+                data = _health.status(self.app, rows=False)  # the page shows no row list
                 found = self._status = (time.monotonic(), data)  # fresh from when it ended
             return found[1]
 
