@@ -44,7 +44,7 @@ from ._store.audit import AuditEntry
 from ._store.jobs import Job
 from ._store.rows import SyncPlan, TaskRow
 from ._tick import TickReport
-from ._time import Clock, as_utc
+from ._time import Clock, as_utc, iso
 
 #: Handlers registered with ``@app.handler`` land here unless a Scheduler gets its own
 #: ``registry``, so a worker started by the CLI sees the handlers its imports registered.
@@ -102,9 +102,6 @@ def _sync_detail(path: str | None, plan: SyncPlan) -> str:
 
 
 def _backfill_detail(result: _backfill.BackfillResult) -> str:
-    def iso(value: datetime) -> str:
-        return value.isoformat().replace("+00:00", "Z")
-
     return (
         f"{len(result.enqueued)} job(s) for slots {iso(result.start)} to {iso(result.end)}"
         f" ({len(result.taken)} already had one); jobs {min(result.enqueued.values())}"

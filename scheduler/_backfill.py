@@ -33,6 +33,7 @@ from . import _cron
 from ._errors import SchedulerError, UnknownRow
 from ._store import jobs as _jobs
 from ._store.tables import decisions, jobs, rows, runs
+from ._time import iso
 
 #: ``--max``: a backfill of more slots than this is refused unless told otherwise.
 DEFAULT_MAX = 1000
@@ -66,9 +67,6 @@ class BackfillResult:
         return [s for s in self.slots if s not in taken]
 
     def as_dict(self) -> dict[str, Any]:
-        def iso(value: datetime) -> str:
-            return value.isoformat().replace("+00:00", "Z")
-
         return {
             "task": self.task,
             "from": iso(self.start),
@@ -154,18 +152,18 @@ def backfill(
     start, end = localize(start, row.timezone), localize(end, row.timezone)
     if start >= end:
         raise SchedulerError(
-            f"backfill {name!r}: --from {_iso(start)} is not before --to {_iso(end)}"
+            f"backfill {name!r}: --from {iso(start)} is not before --to {iso(end)}"
         )
     if end > now:
         raise SchedulerError(
-            f"backfill {name!r}: --to {_iso(end)} is in the future (now {_iso(now)}):"
+            f"backfill {name!r}: --to {iso(end)} is in the future (now {iso(now)}):"
             " backfill runs slots that have passed; the tick runs the coming ones"
         )
     found = slots(row.cron, row.timezone, name, start, end, max_slots)
     if len(found) > max_slots:
         raise SchedulerError(
-            f"backfill {name!r}: more than {max_slots:,} slots from {_iso(start)} to"
-            f" {_iso(end)} (--max {max_slots}): narrow the range or raise --max"
+            f"backfill {name!r}: more than {max_slots:,} slots from {iso(start)} to"
+            f" {iso(end)} (--max {max_slots}): narrow the range or raise --max"
         )
     result = BackfillResult(name, start, end, found, dry_run=dry_run)
     if not found:
@@ -214,7 +212,3 @@ def backfill(
         ],
     )
     return result
-
-
-def _iso(value: datetime) -> str:
-    return value.isoformat().replace("+00:00", "Z")

@@ -23,6 +23,7 @@ from ._store import decisions as _decisions
 from ._store.jobs import Job
 from ._store.rows import TaskRow, _view
 from ._store.tables import jobs, rows, runs
+from ._time import iso
 
 NEXT_FIRES = 10
 DECISIONS = 20
@@ -102,11 +103,6 @@ def read(conn: Connection, name: str, runs: int = RUNS) -> Read | None:
         runs=found_runs,
         note=m.get("disabled_note"),
     )
-
-
-def iso(value: datetime | None) -> str | None:
-    """ISO-8601 in UTC with a ``Z``, or None."""
-    return None if value is None else value.isoformat().replace("+00:00", "Z")
 
 
 def _clock(value: datetime | None, zone: str) -> str:

@@ -4,8 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import overload
 
 Clock = Callable[[], datetime]
+
+
+@overload
+def iso(value: datetime) -> str: ...
+@overload
+def iso(value: None) -> None: ...
+@overload
+def iso(value: datetime | None) -> str | None: ...
+def iso(value: datetime | None) -> str | None:
+    """ISO-8601 as the scheduler prints instants (``status --json``, ``explain``, the audit, the
+    dashboard): a UTC instant ends in ``Z``; None stays None."""
+    return None if value is None else value.isoformat().replace("+00:00", "Z")
 
 
 def utcnow() -> datetime:

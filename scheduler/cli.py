@@ -31,6 +31,7 @@ from ._backfill import DEFAULT_MAX
 from ._errors import ConfigError, SchedulerError
 from ._store.audit import DEFAULT_LIMIT as AUDIT_LIMIT
 from ._store.jobs import LIST_LIMIT, STATES, Job, JobStateError
+from ._time import iso
 
 CONFIG_ENV = "SCHEDULER_CONFIG"
 DEFAULT_CONFIG = "app.toml"
@@ -483,12 +484,8 @@ def _job_dict(job: Job) -> dict[str, Any]:
     data = dataclasses.asdict(job)
     for key, value in data.items():
         if isinstance(value, datetime):
-            data[key] = _health_iso(value)
+            data[key] = iso(value)
     return data
-
-
-def _health_iso(value: datetime) -> str:
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _parse_instant(value: str, option: str) -> datetime:
@@ -579,8 +576,7 @@ def job(state: State, job_id: int, as_json: bool) -> None:
     if as_json:
         data = _job_dict(found)
         data["runs"] = [
-            {k: _health_iso(v) if isinstance(v, datetime) else v for k, v in r.items()}
-            for r in runs
+            {k: iso(v) if isinstance(v, datetime) else v for k, v in r.items()} for r in runs
         ]
         click.echo(json.dumps(data, indent=2))
         return

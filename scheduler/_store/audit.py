@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, select
 
+from .._time import iso
 from .tables import audit
 
 ACTOR_ENV = "SCHEDULER_ACTOR"
@@ -43,7 +44,7 @@ class AuditEntry:
     def as_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
-            "at": self.at.isoformat().replace("+00:00", "Z"),
+            "at": iso(self.at),
             "actor": self.actor,
             "action": self.action,
             "target": self.target,

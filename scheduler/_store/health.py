@@ -19,6 +19,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
+from .._time import iso
 from . import rows as _rows
 from .engine import Store
 from .jobs import ABORTED, CLAIMED, QUEUED, STATES
@@ -131,11 +132,6 @@ def forget(
     )
     with store.begin() as conn:
         conn.execute(delete(workers).where(condition))
-
-
-def iso(value: datetime | None) -> str | None:
-    """ISO-8601 in UTC with a ``Z``, or None."""
-    return None if value is None else value.isoformat().replace("+00:00", "Z")
 
 
 def _row(row: _rows.TaskRow) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo
 import jinja2
 from markupsafe import Markup, escape
 
-from .._store.health import iso
+from .._time import iso
 
 HERE = Path(__file__).resolve().parent
 OUTCOME_TONES = {
