@@ -108,6 +108,28 @@ def populate(app: Scheduler, tasks: int, jobs: int) -> None:
             conn.execute(text("ANALYZE"))
 
 
+def engines(args: Any, sqlite_file: str, pg_database: str) -> list[tuple[str, str]]:
+    """(label, URL) of each engine the arguments ask for: a SQLite file in a fresh scratch
+    folder, a PostgreSQL database of its own (created empty; the caller drops it)."""
+    found = []
+    if not args.no_sqlite:
+        found.append(("SQLite", f"sqlite:///{_bench.scratch_dir()}/{sqlite_file}"))
+    if not args.no_pg:
+        found.append(("PostgreSQL", _bench.recreate_pg_database(args.pg, pg_database)))
+    return found
+
+
+def loaded(label: str, url: str, tasks: int, jobs: int) -> Scheduler:
+    """A migrated app on ``url`` with :func:`populate`'s data, its clock at ``T0``."""
+    app = Scheduler(url, registry=Registry(), clock=lambda: T0)
+    app.migrate()
+    _bench.progress(f"{label}: loading {tasks:,} tasks, {jobs:,} jobs")
+    start = time.perf_counter()
+    populate(app, tasks, jobs)
+    _bench.progress(f"  loaded in {time.perf_counter() - start:.0f} s")
+    return app
+
+
 def pages(tasks: int, jobs: int) -> dict[str, str]:
     mid = f"task-{tasks // 2:05d}"
     return {
@@ -193,25 +215,9 @@ def main() -> None:
     p.add_argument("--tasks", type=int, default=10_000)
     p.add_argument("--jobs", type=int, default=1_000_000)
     args = p.parse_args()
-    engines = []
-    if not args.no_sqlite:
-        engines.append(("SQLite", f"sqlite:///{_bench.scratch_dir()}/dashboard.db"))
-    if not args.no_pg:
-        engines.append(("PostgreSQL", _bench.recreate_pg_database(args.pg, PG_DATABASE)))
     results: dict[str, list[tuple[str, float, float, int]]] = {}
-    for label, url in engines:
-        if url.startswith("sqlite"):
-            path = url.removeprefix("sqlite:///")
-            import os
-
-            if os.path.exists(path):
-                os.remove(path)
-        app = Scheduler(url, registry=Registry(), clock=lambda: T0)
-        app.migrate()
-        start = time.perf_counter()
-        print(f"{label}: loading {args.tasks} tasks, {args.jobs} jobs ...", file=sys.stderr)
-        populate(app, args.tasks, args.jobs)
-        print(f"  loaded in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    for label, url in engines(args, "dashboard.db", PG_DATABASE):
+        app = loaded(label, url, args.tasks, args.jobs)
         results[label] = measure(app, args.reps, args.tasks, args.jobs)
         app.close()
         if label == "PostgreSQL":

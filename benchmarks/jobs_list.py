@@ -13,23 +13,19 @@ per call, and the first line of the statement's plan.
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import _bench
-from dashboard_pages import populate
+from dashboard_pages import engines, loaded
 from sqlalchemy import event, text
 
 from scheduler import Scheduler
-from scheduler._handlers import Registry
 from scheduler._store.jobs import list_statement
 
-T0 = datetime(2030, 1, 7, 12, 0, tzinfo=UTC)
 PG_DATABASE = "bench_jobs_list_13b"
 
 
@@ -93,24 +89,10 @@ def main() -> None:
     p.add_argument("--tasks", type=int, default=10_000)
     p.add_argument("--jobs", type=int, default=1_000_000)
     args = p.parse_args()
-    engines = []
-    if not args.no_sqlite:
-        engines.append(("SQLite", f"sqlite:///{_bench.scratch_dir()}/jobs_list.db"))
-    if not args.no_pg:
-        engines.append(("PostgreSQL", _bench.recreate_pg_database(args.pg, PG_DATABASE)))
     rows: list[list[str]] = []
     try:
-        for label, url in engines:
-            if url.startswith("sqlite"):
-                path = url.removeprefix("sqlite:///")
-                if os.path.exists(path):
-                    os.remove(path)
-            app = Scheduler(url, registry=Registry(), clock=lambda: T0)
-            app.migrate()
-            _bench.progress(f"{label}: loading {args.tasks:,} tasks, {args.jobs:,} jobs")
-            start = time.perf_counter()
-            populate(app, args.tasks, args.jobs)
-            _bench.progress(f"  loaded in {time.perf_counter() - start:.0f} s")
+        for label, url in engines(args, "jobs_list.db", PG_DATABASE):
+            app = loaded(label, url, args.tasks, args.jobs)
             for name, filters in cases(args.tasks).items():
                 p50, p95, cpu, statements = measure(app, args.reps, filters)
                 rows.append(
