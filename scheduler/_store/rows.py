@@ -241,6 +241,7 @@ _SCHEDULE = ("cron", "timezone", "jitter")
 # row the file re-enables needs it (read for those alone, before the writes).
 _READ = ("name", *_DEFINITION, "enabled", "disabled_reason")
 _ENABLED, _REASON = len(_DEFINITION) + 1, len(_DEFINITION) + 2
+_HANDLER, _CRON, _ZONE = (_READ.index(c) for c in ("handler", "cron", "timezone"))
 # A new row's columns, in the order of the tuples sync builds.
 _INSERTED = (
     "name",
@@ -315,8 +316,9 @@ def check_task(task: Any, payload_limit: int, stored: Any = None) -> tuple[str, 
         raise ConfigError(f"task {task.name!r}: key 'tenant': {problem}")
     if (
         stored is not None
-        and stored[1] == task.handler
-        and stored[3:5] == (task.cron, task.timezone)
+        and stored[_HANDLER] == task.handler
+        and stored[_CRON] == task.cron
+        and stored[_ZONE] == task.timezone
     ):
         try:
             return encode_payload(task.payload, payload_limit), None
