@@ -383,18 +383,22 @@ class Worker:
                 outcome = await self.runner.execute_async(job)
                 run.ended(outcome)
         except Exception:
-            log.exception(
-                "job %s (%s) could not be run; its lease will expire",
-                job.id,
-                job.handler,
-                extra={"action": "job_crashed", "job_id": job.id},
-            )
-            self._release(job.id)
+            self._crashed(job)
             return
         with self._lock:
             self._awaiting.discard(job.id)
         self._wake.set()  # a slot is free: the main thread may claim
         self._recorder.submit(outcome, self._when_recorded(job, began))
+
+    def _crashed(self, job: Job) -> None:
+        """The run itself failed (not the handler: its errors are outcomes)."""
+        log.exception(
+            "job %s (%s) could not be run; its lease will expire",
+            job.id,
+            job.handler,
+            extra={"action": "job_crashed", "job_id": job.id},
+        )
+        self._release(job.id)
 
     def _when_recorded(self, job: Job, began: float) -> Callable[[str], None]:
         def done(result: str) -> None:
@@ -413,13 +417,7 @@ class Worker:
                 outcome = self.runner.execute(job)
                 run.ended(outcome)
         except Exception:
-            log.exception(
-                "job %s (%s) could not be run; its lease will expire",
-                job.id,
-                job.handler,
-                extra={"action": "job_crashed", "job_id": job.id},
-            )
-            self._release(job.id)
+            self._crashed(job)
             return
 
         ran = time.monotonic() - began
