@@ -16,25 +16,11 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import delete, update
-
-from scheduler import Scheduler, TaskSpec
-from scheduler._store.tables import jobs, rows
+from tick_loop import jobs, loaded, rows
 
 
 def main(url: str, mode: str, reps: int) -> None:
-    app = Scheduler(url)
-    app.migrate()
-    app.handler("h", retry_safe=True)(lambda: None)
-    with app.store.begin() as conn:
-        conn.execute(update(rows).values(last_job_id=None))
-        conn.execute(delete(jobs))
-        conn.execute(delete(rows))
-    app.sync(
-        [
-            TaskSpec(name=f"t{i:05d}", cron="0 0 1 1 *", handler="h", payload={}, timezone="UTC")
-            for i in range(1000)
-        ]
-    )
+    app = loaded(url, 1000)
     slot = datetime(2039, 1, 1, tzinfo=UTC)
     far = datetime(2040, 1, 1, tzinfo=UTC)
     for _ in range(reps):

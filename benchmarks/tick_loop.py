@@ -28,8 +28,9 @@ except ImportError:  # the layout before the store became a package (an A/B run)
 ROWS, DUE, IDLE_TICKS, REPS = 1000, 100, 300, 5
 
 
-def main() -> None:
-    app = Scheduler(sys.argv[1])
+def loaded(url: str, n: int = ROWS) -> Scheduler:
+    """An app on ``url`` with exactly ``n`` rows of a yearly cron (``t00000``...), no jobs."""
+    app = Scheduler(url)
     app.migrate()
     app.handler("h", retry_safe=True)(lambda: None)
     with app.store.begin() as conn:
@@ -39,9 +40,14 @@ def main() -> None:
     app.sync(
         [
             TaskSpec(name=f"t{i:05d}", cron="0 0 1 1 *", handler="h", payload={}, timezone="UTC")
-            for i in range(ROWS)
+            for i in range(n)
         ]
     )
+    return app
+
+
+def main() -> None:
+    app = loaded(sys.argv[1])
     far = datetime(2040, 1, 1, tzinfo=UTC)
     slot = datetime(2039, 1, 1, tzinfo=UTC)  # a slot of the yearly cron
     idle_now = datetime.now(UTC)
