@@ -86,7 +86,7 @@ def demo(url: str) -> tuple[Scheduler, Clock]:
                 pass
         app.tick()
         app.work()
-    app.disable("weekly-digest")
+    app.disable("weekly-digest", reason="paused until the new template ships", actor="ann")
     app.enqueue("cache.warm", {"key": "home"}, run_at=clock.now + timedelta(minutes=30))
     clock.now = datetime.now(UTC)
     app.tick()  # the slots missed while the demo's clock was behind: one run each
@@ -134,10 +134,13 @@ def main() -> None:
                 "jobs": "/jobs",
                 "job": f"/jobs/{aborted.last_job_id if aborted else 1}",
                 "health": "/health",
+                "audit": "/audit",
             }
             for name, path in shots.items():
                 page.goto(base + path)
-                page.screenshot(path=str(OUT / f"{name}.png"), full_page=name != "jobs")
+                page.screenshot(
+                    path=str(OUT / f"{name}.png"), full_page=name not in ("jobs", "audit")
+                )
                 print("wrote", OUT / f"{name}.png")
             browser.close()
         server.should_exit = True
