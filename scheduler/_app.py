@@ -543,6 +543,8 @@ class Scheduler:
             raise ValueError(f"state {state!r}: expected one of {', '.join(_jobs.STATES)}")
         if limit < 1:
             raise ValueError("limit must be at least 1")
+        if tenant is not None and (problem := _jobs.tenant_problem(tenant)) is not None:
+            raise ValueError(f"tenant: {problem}")  # no job can have it: say so, not "no jobs"
         with self.store.read() as conn:
             return _jobs.list_jobs(
                 conn,

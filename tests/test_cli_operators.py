@@ -149,6 +149,9 @@ def test_jobs_and_job(cli: Cli, app: Scheduler) -> None:
     found = json.loads(cli.ok("jobs", "--tenant", "acme", "--json"))["jobs"]
     assert [(j["id"], j["tenant"]) for j in found] == [(acme, "acme")]
     assert cli.ok("jobs", "--tenant", "globex") == "no jobs\n"
+    assert cli.refused("jobs", "--tenant", "bad tenant!").startswith(
+        "error: ValueError: tenant: 'bad tenant!' is not a tenant id"
+    )
     assert "tenant:   acme" in cli.ok("job", str(acme))
     code, _, err = cli("jobs", "--state", "dead")
     assert code == 2 and "'dead' is not one of" in err  # click's usage error
