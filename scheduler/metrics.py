@@ -6,9 +6,10 @@ nothing else in the package imports it unless metrics are on.
 
 Two kinds of figures:
 
-* **events**, counted where they happen in this process: job outcomes (from the ``job_*``
-  signals, so only what was committed), run time and queue wait (around the handler call in the
-  worker), dispatch lateness (``job_dispatched``), tick time and decisions (the worker's tick);
+* **events**, counted where they happen in this process: job outcomes (told by the app's
+  runners after each commit, so only what was committed), run time and queue wait (around
+  the handler call in the worker), dispatch lateness (``job_dispatched``), tick time and
+  decisions (the worker's tick);
 * **the database's state**, read by :class:`DatabaseCollector` at most once every
   ``[metrics] cache_seconds`` in **one** statement, whatever the scrape rate: jobs by state and
   queue, tasks enabled and disabled, each task's last success and consecutive failures, the
@@ -20,19 +21,24 @@ id or a payload.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import selectors
+import socket
+import socketserver
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Histogram,
     make_asgi_app,
-    start_http_server,
+    make_wsgi_app,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
@@ -62,7 +68,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DatabaseCollector", "Metrics", "asgi_app", "metrics_for", "serve"]
+__all__ = ["DatabaseCollector", "Metrics", "MetricsServer", "asgi_app", "metrics_for", "serve"]
 
 OUTCOMES = ("succeeded", "failed", "aborted", "abandoned")
 DECISIONS = (
@@ -275,16 +281,11 @@ class Metrics:
         r.register(self.database)
         self._outcome_children: dict[tuple[str, str, str], Any] = {}
         self._run_children: dict[tuple[str, str], tuple[Any, Any]] = {}
-        self._abandoned = threading.local()  # the job whose job_aborted follows job_abandoned
-        self._receivers: list[tuple[Any, Callable[..., None]]] = [
-            (signals.job_succeeded, self._succeeded),
-            (signals.job_failed, self._failed),
-            (signals.job_abandoned, self._abandoned_job),
-            (signals.job_aborted, self._aborted),
-            (signals.job_dispatched, self._dispatched),
-        ]
-        for signal, receiver in self._receivers:
-            signal.connect(receiver)  # bound methods: weak, gone with this object
+        # Outcomes come from the app's runners after each commit, one call per batch; the
+        # lateness from the job_dispatched signal (weakly held: gone with this object).
+        self._hook = self._recorded  # the one bound method, so close() can remove it
+        app._recorded_hooks.append(self._hook)
+        signals.job_dispatched.connect(self._dispatched)
         self.known_handlers()
 
     def known_handlers(self) -> None:
@@ -296,37 +297,24 @@ class Metrics:
                 self.jobs.labels(name, handler.queue if handler else "default", outcome)
 
     def close(self) -> None:
-        for signal, receiver in self._receivers:
-            signal.disconnect(receiver)
+        signals.job_dispatched.disconnect(self._dispatched)
+        with contextlib.suppress(ValueError):
+            self.app._recorded_hooks.remove(self._hook)
 
     # -- events -----------------------------------------------------------------------
     # labels() takes a lock and builds a key on every call: the children are kept at hand.
     # (Plain dict reads and writes are atomic; two threads making one child get the same one.)
-    def _count(self, job: Job | None, outcome: str) -> None:
-        if job is not None:
+    def _recorded(self, committed: list[tuple[Job, str]]) -> None:
+        """A batch of outcomes committed: the outcome counter, one ``inc`` per label set."""
+        counts: dict[tuple[str, str, str], int] = {}
+        for job, outcome in committed:
             key = (job.handler, job.queue, outcome)
+            counts[key] = counts.get(key, 0) + 1
+        for key, n in counts.items():
             child = self._outcome_children.get(key)
             if child is None:
                 child = self._outcome_children[key] = self.jobs.labels(*key)
-            child.inc()
-
-    def _succeeded(self, _sender: str, *, job: Job | None = None, **_kw: Any) -> None:
-        self._count(job, "succeeded")
-
-    def _failed(self, _sender: str, *, job: Job | None = None, **_kw: Any) -> None:
-        self._count(job, "failed")
-
-    def _abandoned_job(self, _sender: str, *, job: Job | None = None, **_kw: Any) -> None:
-        self._abandoned.job_id = job.id if job is not None else None
-        self._count(job, "abandoned")
-
-    def _aborted(self, _sender: str, *, job: Job | None = None, **_kw: Any) -> None:
-        # An abandoned job is also sent job_aborted, right after, in the same thread: one
-        # attempt, one outcome.
-        if job is not None and getattr(self._abandoned, "job_id", None) == job.id:
-            self._abandoned.job_id = None
-            return
-        self._count(job, "aborted")
+            child.inc(n)
 
     def _dispatched(self, _sender: str, *, slot: datetime | None = None, **_kw: Any) -> None:
         if slot is not None:
@@ -369,14 +357,80 @@ def asgi_app(app: Scheduler) -> Any:
     return make_asgi_app(registry=metrics_for(app).registry)
 
 
-def serve(app: Scheduler, port: int | None = None, host: str | None = None) -> Any:
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No line per scrape on stderr."""
+
+
+class MetricsServer:
+    """The HTTP server of :func:`serve`, on its own daemon thread; :meth:`shutdown` stops it
+    at once (and closes its socket).
+
+    Not ``prometheus_client.start_http_server``: its thread polls for a shutdown every half
+    second, so each worker stop (each ``run(once=True)`` round) waited up to 0.5 s on it. This
+    thread sleeps in ``select`` on the listening socket and on a wake-up socket pair: no
+    polling while idle, and a stop is seen immediately."""
+
+    def __init__(self, server: WSGIServer) -> None:
+        self.server = server
+        self.server_address = server.server_address
+        self.server_port: int = server.server_port
+        server.timeout = 0.5  # a connection gone before accept() must not block the thread
+        self._wake, self._woken = socket.socketpair()
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="scheduler-metrics", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.server, selectors.EVENT_READ, "request")
+            selector.register(self._woken, selectors.EVENT_READ, "stop")
+            while True:
+                for key, _events in selector.select():
+                    if key.data == "stop":
+                        return
+                    self.server.handle_request()  # readable: accepts at once, handler thread
+
+    def shutdown(self) -> None:
+        """Stop serving (waits for the thread, not for scrapes in flight) and close."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake.send(b"x")
+        self._thread.join()
+        self.server.server_close()
+        self._wake.close()
+        self._woken.close()
+
+    def server_close(self) -> None:
+        """The same as :meth:`shutdown` (the name ``socketserver`` servers have)."""
+        self.shutdown()
+
+
+def serve(app: Scheduler, port: int | None = None, host: str | None = None) -> MetricsServer:
     """Serve ``app``'s metrics at ``http://host:port/metrics`` from a daemon thread; returns
-    the HTTP server (``shutdown()`` stops it)."""
+    the server (``shutdown()`` stops it)."""
     metrics = metrics_for(app)
     settings = app.metrics_settings
     chosen_port = settings.port if port is None else port
     chosen_host = settings.host if host is None else host
-    server, _thread = start_http_server(chosen_port, addr=chosen_host, registry=metrics.registry)
+    family, _, _, _, address = socket.getaddrinfo(
+        chosen_host, chosen_port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+
+    class Server(socketserver.ThreadingMixIn, WSGIServer):
+        daemon_threads = True  # a scrape in flight never holds the process up
+        address_family = family
+
+    server = MetricsServer(
+        make_server(
+            str(address[0]),
+            chosen_port,
+            make_wsgi_app(metrics.registry),
+            Server,
+            handler_class=_QuietHandler,
+        )
+    )
     log.info(
         "metrics at http://%s:%s/metrics",
         chosen_host,

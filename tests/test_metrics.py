@@ -409,3 +409,82 @@ def test_the_run_policies_decisions_are_counted(tmp_path: Path) -> None:
     finally:
         metrics.close()
         app.close()
+
+
+def test_serve_stops_at_once_and_frees_its_port(tmp_path: Path) -> None:
+    """``serve()``'s server answers over HTTP; ``shutdown()`` ends its thread and closes its
+    socket before it returns (a worker's stop does not wait on a poll), so the port can be
+    bound again right away; a second ``shutdown()`` does nothing."""
+    import threading
+
+    from scheduler.metrics import serve
+
+    app = Scheduler(f"sqlite:///{tmp_path}/m.db", registry=Registry())
+    app.migrate()
+    app.enqueue("h", {})
+    port = free_port()
+    server = serve(app, port=port, host="127.0.0.1")
+    try:
+        assert server.server_port == port
+        samples = scrape(port)
+        assert value(samples, "scheduler_jobs_by_state", state="queued", queue="default") == 1
+        assert any(t.name == "scheduler-metrics" for t in threading.enumerate())
+    finally:
+        server.shutdown()
+    assert not any(t.name == "scheduler-metrics" for t in threading.enumerate())
+    with socket.socket() as again:
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as any server binds
+        again.bind(("127.0.0.1", port))
+        again.listen()
+    with pytest.raises(OSError):
+        scrape(port)
+    server.shutdown()
+    metrics = getattr(app, "_metrics")  # noqa: B009 - kept on the app by metrics_for
+    metrics.close()
+    app.close()
+
+
+def test_outcomes_are_counted_per_app_once_committed(tmp_path: Path) -> None:
+    """The outcome counter is fed by the app's own runners after each commit: two apps in one
+    process each count only their own jobs, and an abandoned attempt counts once, as
+    ``abandoned`` (not also as ``aborted``)."""
+    apps = []
+    for name in ("a", "b"):
+        registry = Registry()
+        registry.handler("h.ok", retry_safe=True)(lambda job: None)
+        registry.handler("h.fail", max_attempts=2, retry_safe=True)(
+            lambda job: (_ for _ in ()).throw(RuntimeError("again"))
+        )
+        registry.handler("h.once")(lambda job: (_ for _ in ()).throw(RuntimeError("x")))
+        app = Scheduler(f"sqlite:///{tmp_path}/{name}.db", registry=registry)
+        app.migrate()
+        apps.append(app)
+    a, b = apps
+    metrics_a, metrics_b = Metrics(a, cache_seconds=60), Metrics(b, cache_seconds=60)
+    try:
+        for _ in range(3):
+            a.enqueue("h.ok", {})
+        a.enqueue("h.fail", {})
+        a.enqueue("h.once", {})
+        b.enqueue("h.ok", {})
+        assert a.work() == 5  # 3 ok, h.fail's first attempt (its retry waits), h.once
+        assert b.work() == 1
+        sa = parse(generate_latest(metrics_a.registry).decode())
+        sb = parse(generate_latest(metrics_b.registry).decode())
+
+        def jobs(s: Samples, handler: str, outcome: str) -> float | None:
+            return value(
+                s, "scheduler_jobs_total", handler=handler, queue="default", outcome=outcome
+            )
+
+        assert jobs(sa, "h.ok", "succeeded") == 3
+        assert jobs(sb, "h.ok", "succeeded") == 1
+        assert jobs(sa, "h.fail", "failed") == 1
+        assert jobs(sa, "h.once", "abandoned") == 1
+        assert jobs(sa, "h.once", "aborted") == 0  # one attempt, one outcome
+        assert jobs(sb, "h.fail", "failed") == 0
+    finally:
+        metrics_a.close()
+        metrics_b.close()
+        for app in apps:
+            app.close()
