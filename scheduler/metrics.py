@@ -8,8 +8,8 @@ Two kinds of figures:
 
 * **events**, counted where they happen in this process: job outcomes (told by the app's
   runners after each commit, so only what was committed), run time and queue wait (around
-  the handler call in the worker), dispatch lateness (``job_dispatched``), tick time and
-  decisions (the worker's tick);
+  the handler call in the worker), dispatch lateness, tick time and decisions (the
+  worker's tick reports);
 * **the database's state**, read by :class:`DatabaseCollector` at most once every
   ``[metrics] cache_seconds`` in **one** statement, whatever the scrape rate: jobs by state and
   queue, tasks enabled and disabled, each task's last success and consecutive failures, the
@@ -21,8 +21,10 @@ id or a payload.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
+import math
 import selectors
 import socket
 import socketserver
@@ -40,7 +42,7 @@ from prometheus_client import (
     make_asgi_app,
     make_wsgi_app,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
@@ -58,7 +60,6 @@ from sqlalchemy import (
     union_all,
 )
 
-from . import signals
 from ._store.jobs import QUEUED, STATES, SUCCEEDED, Job
 from ._store.tables import UTCDateTime, jobs, rows, workers
 
@@ -68,7 +69,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DatabaseCollector", "Metrics", "MetricsServer", "asgi_app", "metrics_for", "serve"]
+__all__ = [
+    "DatabaseCollector",
+    "Metrics",
+    "MetricsServer",
+    "RunTimes",
+    "asgi_app",
+    "metrics_for",
+    "serve",
+]
 
 OUTCOMES = ("succeeded", "failed", "aborted", "abandoned")
 DECISIONS = (
@@ -130,6 +139,81 @@ def _state_statement(now: datetime) -> Any:
         .group_by(jobs.c.task_name),
         select(kind("worker"), text(workers.c.id), no_text, no_number, workers.c.last_seen_at),
     )
+
+
+class _RunSeries:
+    """One (handler, queue)'s run-time and queue-wait histograms: bucket counts and sums."""
+
+    __slots__ = ("lock", "ran", "ran_sum", "waited", "waited_sum")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ran = [0] * (len(JOB_BUCKETS) + 1)  # the last: above every bound (+Inf only)
+        self.ran_sum = 0.0
+        self.waited = [0] * (len(WAIT_BUCKETS) + 1)
+        self.waited_sum = 0.0
+
+    def observe(self, seconds: float, wait: float) -> None:
+        i, j = bisect.bisect_left(JOB_BUCKETS, seconds), bisect.bisect_left(WAIT_BUCKETS, wait)
+        with self.lock:
+            self.ran[i] += 1
+            self.ran_sum += seconds
+            self.waited[j] += 1
+            self.waited_sum += wait
+
+
+def le(bound: float) -> str:
+    """A bucket's ``le`` label as ``prometheus_client`` writes it (``1.0``, ``0.005``, ``+Inf``)."""
+    return "+Inf" if math.isinf(bound) else repr(float(bound))
+
+
+def _buckets(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:
+    """Per-bucket counts as Prometheus' cumulative ``le`` buckets, ``+Inf`` last."""
+    found, total = [], 0
+    for bound, count in zip((*bounds, float("inf")), counts, strict=True):
+        total += count
+        found.append((le(bound), float(total)))
+    return found
+
+
+class RunTimes(Collector):
+    """``scheduler_job_duration_seconds`` and ``scheduler_job_queue_wait_seconds``, by handler
+    and queue: one lock and two bisections per attempt for both (``prometheus_client``'s
+    ``Histogram`` takes two locks per observation, four per attempt: a no-op job's metrics
+    cost was mostly that)."""
+
+    def __init__(self) -> None:
+        self._series: dict[tuple[str, str], _RunSeries] = {}
+        self._made = threading.Lock()
+
+    def series(self, handler: str, queue: str) -> _RunSeries:
+        key = (handler, queue)
+        found = self._series.get(key)
+        if found is None:
+            with self._made:
+                found = self._series.setdefault(key, _RunSeries())
+        return found
+
+    def collect(self) -> Iterable[Metric]:
+        ran = HistogramMetricFamily(
+            "scheduler_job_duration_seconds",
+            "Time in the handler, per attempt.",
+            labels=["handler", "queue"],
+        )
+        waited = HistogramMetricFamily(
+            "scheduler_job_queue_wait_seconds",
+            "From the moment a job was ready (its run_at) to its handler's start.",
+            labels=["handler", "queue"],
+        )
+        for (handler, queue), series in list(self._series.items()):
+            with series.lock:
+                ran_counts, ran_sum = list(series.ran), series.ran_sum
+                waited_counts, waited_sum = list(series.waited), series.waited_sum
+            labels = [handler, queue]
+            ran.add_metric(labels, _buckets(JOB_BUCKETS, ran_counts), ran_sum)
+            waited.add_metric(labels, _buckets(WAIT_BUCKETS, waited_counts), waited_sum)
+        yield ran
+        yield waited
 
 
 class DatabaseCollector(Collector):
@@ -225,7 +309,7 @@ class DatabaseCollector(Collector):
 
 
 class Metrics:
-    """One app's metrics: the event counters fed by the signals and the worker, and the
+    """One app's metrics: the event counters fed by the worker and its runners, and the
     database gauges; each on its own registry (with the process collectors)."""
 
     def __init__(self, app: Scheduler, *, cache_seconds: float | None = None) -> None:
@@ -241,20 +325,8 @@ class Metrics:
             ["handler", "queue", "outcome"],
             registry=r,
         )
-        self.duration = Histogram(
-            "scheduler_job_duration_seconds",
-            "Time in the handler, per attempt.",
-            ["handler", "queue"],
-            buckets=JOB_BUCKETS,
-            registry=r,
-        )
-        self.queue_wait = Histogram(
-            "scheduler_job_queue_wait_seconds",
-            "From the moment a job was ready (its run_at) to its handler's start.",
-            ["handler", "queue"],
-            buckets=WAIT_BUCKETS,
-            registry=r,
-        )
+        self.run_times = RunTimes()
+        r.register(self.run_times)
         self.lateness = Histogram(
             "scheduler_dispatch_lateness_seconds",
             "From a task's slot to its job's dispatch.",
@@ -280,12 +352,11 @@ class Metrics:
         )
         r.register(self.database)
         self._outcome_children: dict[tuple[str, str, str], Any] = {}
-        self._run_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._run_series: dict[tuple[str, str], _RunSeries] = {}
         # Outcomes come from the app's runners after each commit, one call per batch; the
-        # lateness from the job_dispatched signal (weakly held: gone with this object).
+        # lateness from the worker's tick reports (no signal receiver per job or dispatch).
         self._hook = self._recorded  # the one bound method, so close() can remove it
         app._recorded_hooks.append(self._hook)
-        signals.job_dispatched.connect(self._dispatched)
         self.known_handlers()
 
     def known_handlers(self) -> None:
@@ -297,7 +368,6 @@ class Metrics:
                 self.jobs.labels(name, handler.queue if handler else "default", outcome)
 
     def close(self) -> None:
-        signals.job_dispatched.disconnect(self._dispatched)
         with contextlib.suppress(ValueError):
             self.app._recorded_hooks.remove(self._hook)
 
@@ -316,12 +386,15 @@ class Metrics:
                 child = self._outcome_children[key] = self.jobs.labels(*key)
             child.inc(n)
 
-    def _dispatched(self, _sender: str, *, slot: datetime | None = None, **_kw: Any) -> None:
-        if slot is not None:
-            self.lateness.observe(max((self.app.clock() - slot).total_seconds(), 0.0))
-
     def ticked(self, seconds: float, report: TickReport) -> None:
+        """One tick of the worker's took ``seconds``: its time, its decisions, and the
+        lateness of each fresh dispatch (from its nominal slot to now, just after its
+        commit)."""
         self.tick_duration.observe(seconds)
+        if report.dispatched_slots:
+            now, observe = self.app.clock(), self.lateness.observe
+            for slot in report.dispatched_slots:
+                observe(max((now - slot).total_seconds(), 0.0))
         for decision, names in report.as_dict().items():
             if names:
                 self.decisions.labels(decision).inc(len(names))
@@ -329,14 +402,10 @@ class Metrics:
     def ran(self, job: Job, started: datetime, seconds: float) -> None:
         """One attempt's handler ran for ``seconds``, started at ``started`` (wall clock)."""
         key = (job.handler, job.queue)
-        children = self._run_children.get(key)
-        if children is None:
-            children = self._run_children[key] = (
-                self.duration.labels(*key),
-                self.queue_wait.labels(*key),
-            )
-        children[0].observe(seconds)
-        children[1].observe(max((started - job.run_at).total_seconds(), 0.0))
+        series = self._run_series.get(key)
+        if series is None:
+            series = self._run_series[key] = self.run_times.series(*key)
+        series.observe(seconds, max((started - job.run_at).total_seconds(), 0.0))
 
 
 _made_lock = threading.Lock()

@@ -488,3 +488,49 @@ def test_outcomes_are_counted_per_app_once_committed(tmp_path: Path) -> None:
         metrics_b.close()
         for app in apps:
             app.close()
+
+
+def test_run_time_histograms_read_as_prometheus_client_writes_them(tmp_path: Path) -> None:
+    """The run-time and queue-wait histograms (our own collector, one lock per attempt) come
+    out as a ``prometheus_client`` Histogram with the same buckets would: the same ``le``
+    labels, cumulative counts, ``+Inf`` equal to ``_count``, and the sum."""
+    from datetime import timedelta
+
+    from prometheus_client import CollectorRegistry, Histogram
+    from prometheus_client.utils import floatToGoString
+
+    from scheduler.metrics import JOB_BUCKETS, WAIT_BUCKETS, le
+
+    assert [le(b) for b in (*JOB_BUCKETS, *WAIT_BUCKETS, float("inf"))] == [
+        floatToGoString(b) for b in (*JOB_BUCKETS, *WAIT_BUCKETS, float("inf"))
+    ]
+    app = Scheduler(f"sqlite:///{tmp_path}/m.db", registry=Registry())
+    app.migrate()
+    job = app.get_job(app.enqueue("h", {}))
+    assert job is not None
+    metrics = Metrics(app, cache_seconds=60)
+    reference = CollectorRegistry()
+    ran = Histogram("ref_ran", "", buckets=JOB_BUCKETS, registry=reference)
+    waited = Histogram("ref_wait", "", buckets=WAIT_BUCKETS, registry=reference)
+    try:
+        for seconds, wait in [(0.001, 0.0), (0.01, 0.05), (0.7, 3.0), (4000.0, 5000.0), (1, 1)]:
+            metrics.ran(job, job.run_at + timedelta(seconds=wait), seconds)
+            ran.observe(seconds)
+            waited.observe(wait)
+        ours = parse(generate_latest(metrics.registry).decode())
+        theirs = parse(generate_latest(reference).decode())
+        for name, ref in [
+            ("scheduler_job_duration_seconds", "ref_ran"),
+            ("scheduler_job_queue_wait_seconds", "ref_wait"),
+        ]:
+            labels = {"handler": "h", "queue": "default"}
+            mine = {dict(key).get("le"): v for (n, key), v in ours.items() if n == f"{name}_bucket"}
+            reference_buckets = {
+                dict(key).get("le"): v for (n, key), v in theirs.items() if n == f"{ref}_bucket"
+            }
+            assert mine == reference_buckets
+            assert value(ours, f"{name}_count", **labels) == 5
+            assert value(ours, f"{name}_sum", **labels) == value(theirs, f"{ref}_sum")
+    finally:
+        metrics.close()
+        app.close()
