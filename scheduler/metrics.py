@@ -345,8 +345,8 @@ class Metrics:
             ["decision"],
             registry=r,
         )
-        for decision in DECISIONS:
-            self.decisions.labels(decision)
+        # (TickReport attribute, its counter child): the decisions are the report's lists.
+        self._decision_children = tuple((d, self.decisions.labels(d)) for d in DECISIONS)
         self.database = DatabaseCollector(
             app, app.metrics_settings.cache_seconds if cache_seconds is None else cache_seconds
         )
@@ -395,9 +395,10 @@ class Metrics:
             now, observe = self.app.clock(), self.lateness.observe
             for slot in report.dispatched_slots:
                 observe(max((now - slot).total_seconds(), 0.0))
-        for decision, names in report.as_dict().items():
+        for decision, child in self._decision_children:
+            names = getattr(report, decision)
             if names:
-                self.decisions.labels(decision).inc(len(names))
+                child.inc(len(names))
 
     def ran(self, job: Job, started: datetime, seconds: float) -> None:
         """One attempt's handler ran for ``seconds``, started at ``started`` (wall clock)."""
