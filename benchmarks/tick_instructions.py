@@ -9,6 +9,9 @@ Loads 1,000 rows of a yearly cron, then REPS rounds: make 100 of them due at a r
 later slot passed, and in ``tick`` mode dispatch them (in ``prep`` mode tick while nothing is
 due). (tick - prep) / (REPS * 100) is the instructions per dispatched row.
 
+In ``idle`` mode it only ticks REPS times with nothing due (no resets between): the
+difference of two REPS counts, divided by their difference, is one idle tick.
+
 A fourth argument ``metrics`` turns Prometheus metrics on as a worker has them (issue 15):
 the app's ``Metrics`` exists (its lateness receiver and outcome hook) and each tick is told
 to it, as ``Worker._tick`` does; compare with the same run without it.
@@ -33,6 +36,14 @@ def main(url: str, mode: str, reps: int, metrics: bool = False) -> None:
         told = metrics_for(app)
     slot = datetime(2039, 1, 1, tzinfo=UTC)
     far = datetime(2040, 1, 1, tzinfo=UTC)
+    if mode == "idle":
+        for _ in range(reps):
+            began = time.monotonic()
+            report = app.tick(now=far - timedelta(days=800))
+            if told is not None:
+                told.ticked(time.monotonic() - began, report)
+        app.close()
+        return
     for _ in range(reps):
         with app.store.begin() as conn:
             conn.execute(update(rows).values(last_job_id=None))
