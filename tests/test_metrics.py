@@ -542,3 +542,25 @@ def test_every_tick_outcome_has_a_decision_series() -> None:
     from scheduler.metrics import DECISIONS
 
     assert sorted(DECISIONS) == sorted(o.value for o in Outcome)
+
+
+def test_tick_histograms_read_as_prometheus_client_writes_them() -> None:
+    """The tick's unlabelled histograms (tick time, lateness) against a ``prometheus_client``
+    Histogram fed the same values: the same buckets, count and sum."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from scheduler.metrics import LATENESS_BUCKETS, TICK_BUCKETS, TickHistogram
+
+    for bounds in (TICK_BUCKETS, LATENESS_BUCKETS):
+        ours, theirs = CollectorRegistry(), CollectorRegistry()
+        mine = TickHistogram("x_seconds", "x", bounds)
+        ours.register(mine)
+        reference = Histogram("x_seconds", "x", buckets=bounds, registry=theirs)
+        for v in (0.0, 0.0004, 0.001, 0.003, 0.3, 7.0, 299.0, 301.0, 1e6):
+            mine.observe(v)
+            reference.observe(v)
+        a = parse(generate_latest(ours).decode())
+        b = parse(generate_latest(theirs).decode())
+        assert {k: v for k, v in a.items() if k[0] != "x_seconds_created"} == {
+            k: v for k, v in b.items() if k[0] != "x_seconds_created"
+        }
