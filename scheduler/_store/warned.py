@@ -1,0 +1,132 @@
+"""The rows ``status`` warns about, found by the database: one statement, bounded on request.
+
+Five kinds, each a small select of the columns its warning needs (SPEC §6):
+
+* ``overdue``: enabled, due longer ago than ``row_overdue`` and not held back by a job in
+  flight (a row that allows overlap is never held back);
+* ``held_back``: enabled, not allowing overlap, its last job queued or claimed, due longer ago
+  than ``row_held_back``;
+* ``failing``: enabled, its last job aborted (the failure is counted at its next slot);
+* ``disabled_by_failures``: disabled for a reason nobody chose (failures);
+* ``disabled``: every disabled row (those a person or the file disabled are reported, not
+  warned about).
+
+The due ones come from the ``(enabled, next_run_at)`` index, the disabled ones from its other
+end; ``failing`` looks up each enabled row's last job by its primary key. With ``limit`` each
+kind returns its first ``limit`` rows by name and, in every row, how many match in all
+(``count(*) OVER ()`` is taken before the ``LIMIT``), so a page shows a count and the first
+names without the database sending, or Python building, the other rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, Integer, and_, func, literal_column, or_, select, union_all
+
+from . import rows as _rows
+from .jobs import ABORTED, CLAIMED, QUEUED
+from .tables import jobs, rows
+
+if TYPE_CHECKING:
+    from .health import Thresholds
+
+#: Disables a person or the file asked for; every other reason (failures) is warned about.
+CHOSEN_DISABLES = (_rows.REASON_MANUAL, _rows.REASON_CONFIG, _rows.REASON_REMOVED)
+KINDS = ("overdue", "held_back", "failing", "disabled_by_failures", "disabled")
+
+
+@dataclass(frozen=True)
+class Warned:
+    """One row that warns, with what its warning says."""
+
+    name: str
+    last_error_code: str | None
+    consecutive_failures: int
+    max_consecutive_failures: int | None
+    disabled_reason: str | None
+
+
+@dataclass(frozen=True)
+class WarnedRows:
+    """Per kind: the rows read (by name, at most ``limit``) and how many there are in all."""
+
+    found: dict[str, list[Warned]]
+    total: dict[str, int]
+
+    def names(self, kind: str) -> list[str]:
+        return [w.name for w in self.found[kind]]
+
+    def more(self, kind: str) -> int:
+        """How many rows of ``kind`` were not read (0 without a limit)."""
+        return self.total[kind] - len(self.found[kind])
+
+
+def _conditions(now: datetime, limits: Thresholds) -> dict[str, Any]:
+    state = jobs.c.state
+    in_flight = state.in_((QUEUED, CLAIMED))
+    enabled, disabled = rows.c.enabled.is_(True), rows.c.enabled.is_(False)
+    return {
+        "overdue": and_(
+            enabled,
+            rows.c.next_run_at <= now - timedelta(seconds=limits.row_overdue),
+            or_(rows.c.concurrent.is_(True), state.is_(None), ~in_flight),
+        ),
+        "held_back": and_(
+            enabled,
+            rows.c.next_run_at <= now - timedelta(seconds=limits.row_held_back),
+            rows.c.concurrent.is_(False),
+            in_flight,
+        ),
+        "failing": and_(enabled, state == ABORTED),
+        "disabled_by_failures": and_(
+            disabled,
+            or_(rows.c.disabled_reason.is_(None), rows.c.disabled_reason.not_in(CHOSEN_DISABLES)),
+        ),
+        "disabled": disabled,
+    }
+
+
+def read(
+    conn: Connection, now: datetime, limits: Thresholds, *, limit: int | None = None
+) -> WarnedRows:
+    """One statement: the rows of every kind, by name; with ``limit``, the first ``limit`` of
+    each kind (and the count of all)."""
+    conditions = _conditions(now, limits)
+    parts = []
+    for order, kind in enumerate(KINDS):
+        part = (
+            select(
+                literal_column(str(order), Integer).label("kind"),  # a constant of ours
+                rows.c.name,
+                jobs.c.last_error_code,
+                rows.c.consecutive_failures,
+                rows.c.max_consecutive_failures,
+                rows.c.disabled_reason,
+                func.count().over().label("total"),
+            )
+            .select_from(rows.outerjoin(jobs, jobs.c.id == rows.c.last_job_id))
+            .where(conditions[kind])
+            .order_by(rows.c.name)
+        )
+        if limit is not None:
+            part = part.limit(limit)
+        parts.append(select(part.subquery()))  # each its own ORDER BY and LIMIT
+    every = union_all(*parts).subquery()
+    found: dict[str, list[Warned]] = {kind: [] for kind in KINDS}
+    total = dict.fromkeys(KINDS, 0)
+    for r in conn.execute(select(every).order_by(every.c.kind, every.c.name)):
+        kind = KINDS[r.kind]
+        total[kind] = int(r.total)
+        found[kind].append(
+            Warned(
+                r.name,
+                r.last_error_code,
+                r.consecutive_failures,
+                r.max_consecutive_failures,
+                r.disabled_reason,
+            )
+        )
+    return WarnedRows(found, total)
