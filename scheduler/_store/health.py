@@ -1,10 +1,13 @@
 """Health: rows, job counts and the warnings of ``scheduler status`` (docs/runbook.md).
 
-:func:`status` reads in one transaction, three queries (rows with their last job's state and
-error code, one statement of index-answered counts over the jobs and the latest finished
-attempt, the workers); ``now`` defaults to the
-app's clock. Workers record that they are alive with :func:`touch` (``scheduler_workers``), and
-every tick outside a running worker is kept with :func:`record_tick`.
+:func:`status` reads in one transaction: the rows with their last job's state and error code
+(for its row list), one statement of index-answered counts over the jobs and the latest
+finished attempt, the rows that warn (:mod:`.warned`, one statement), the workers; ``now``
+defaults to the app's clock. :func:`overview` is the dashboard's read of the same: no row list,
+the first rows of each kind named and the others counted, the live states' counts only (the
+finished states' are :func:`finished_counts`), three statements whatever the table sizes.
+Workers record that they are alive with :func:`touch` (``scheduler_workers``), and every tick
+outside a running worker is kept with :func:`record_tick`.
 """
 
 from __future__ import annotations
