@@ -20,15 +20,26 @@ names without the database sending, or Python building, the other rows.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Integer, and_, func, literal_column, or_, select, union_all
+from sqlalchemy import (
+    Connection,
+    Integer,
+    and_,
+    bindparam,
+    func,
+    literal_column,
+    or_,
+    select,
+    union_all,
+)
 
 from . import rows as _rows
 from .jobs import ABORTED, CLAIMED, QUEUED
-from .tables import jobs, rows
+from .tables import UTCDateTime, jobs, rows
 
 if TYPE_CHECKING:
     from .health import Thresholds
@@ -64,19 +75,20 @@ class WarnedRows:
         return self.total[kind] - len(self.found[kind])
 
 
-def _conditions(now: datetime, limits: Thresholds) -> dict[str, Any]:
+def _conditions() -> dict[str, Any]:
+    """Each kind's condition; the instants are the parameters ``overdue_at`` and ``held_at``."""
     state = jobs.c.state
     in_flight = state.in_((QUEUED, CLAIMED))
     enabled, disabled = rows.c.enabled.is_(True), rows.c.enabled.is_(False)
     return {
         "overdue": and_(
             enabled,
-            rows.c.next_run_at <= now - timedelta(seconds=limits.row_overdue),
+            rows.c.next_run_at <= bindparam("overdue_at", type_=UTCDateTime),
             or_(rows.c.concurrent.is_(True), state.is_(None), ~in_flight),
         ),
         "held_back": and_(
             enabled,
-            rows.c.next_run_at <= now - timedelta(seconds=limits.row_held_back),
+            rows.c.next_run_at <= bindparam("held_at", type_=UTCDateTime),
             rows.c.concurrent.is_(False),
             in_flight,
         ),
@@ -89,12 +101,11 @@ def _conditions(now: datetime, limits: Thresholds) -> dict[str, Any]:
     }
 
 
-def read(
-    conn: Connection, now: datetime, limits: Thresholds, *, limit: int | None = None
-) -> WarnedRows:
-    """One statement: the rows of every kind, by name; with ``limit``, the first ``limit`` of
-    each kind (and the count of all)."""
-    conditions = _conditions(now, limits)
+@functools.lru_cache(maxsize=8)
+def _statement(limit: int | None) -> Any:
+    """The UNION ALL of one select per kind, built once per ``limit`` (building it cost more
+    than the database's part on SQLite)."""
+    conditions = _conditions()
     parts = []
     for order, kind in enumerate(KINDS):
         part = (
@@ -115,9 +126,21 @@ def read(
             part = part.limit(limit)
         parts.append(select(part.subquery()))  # each its own ORDER BY and LIMIT
     every = union_all(*parts).subquery()
+    return select(every).order_by(every.c.kind, every.c.name)
+
+
+def read(
+    conn: Connection, now: datetime, limits: Thresholds, *, limit: int | None = None
+) -> WarnedRows:
+    """One statement: the rows of every kind, by name; with ``limit``, the first ``limit`` of
+    each kind (and the count of all)."""
+    params = {
+        "overdue_at": now - timedelta(seconds=limits.row_overdue),
+        "held_at": now - timedelta(seconds=limits.row_held_back),
+    }
     found: dict[str, list[Warned]] = {kind: [] for kind in KINDS}
     total = dict.fromkeys(KINDS, 0)
-    for r in conn.execute(select(every).order_by(every.c.kind, every.c.name)):
+    for r in conn.execute(_statement(limit), params):
         kind = KINDS[r.kind]
         total[kind] = int(r.total)
         found[kind].append(
