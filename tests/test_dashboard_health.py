@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event, insert
+from sqlalchemy import event, insert, text
 from starlette.testclient import TestClient
 
 from scheduler import Scheduler
@@ -229,3 +229,36 @@ def test_the_interval_grows_with_what_a_count_costs(finished_app: tuple[Schedule
     counts.wait()
     assert counts.get().counts == {"succeeded": 2, "aborted": 0}
     assert counts.interval() == pytest.approx(COST_SHARE * 0.2)  # 20 s, not every 5 s
+
+
+def test_a_count_that_fails_is_logged_and_the_tile_says_so(
+    finished_app: tuple[Scheduler, Clock], caplog: pytest.LogCaptureFixture
+) -> None:
+    app, _clock = finished_app
+    timer = [0.0]
+    web = create_app(app, DashboardSettings(refresh_seconds=5))
+    dash = web.state.dashboard
+    dash.finished = FinishedCounts(app, 5, clock=lambda: timer[0])
+    dash.finished.get()
+    dash.finished.wait()
+
+    def rename(old: str, new: str) -> None:
+        with app.store.begin() as conn:
+            conn.execute(text(f"ALTER TABLE {old} RENAME TO {new}"))
+
+    rename("scheduler_jobs", "scheduler_jobs_away")  # the next count fails
+    try:
+        timer[0] += 5
+        dash.finished.get()
+        dash.finished.wait()
+    finally:
+        rename("scheduler_jobs_away", "scheduler_jobs")
+    assert "dashboard: cannot count the finished jobs" in caplog.text
+    page = TestClient(web).get("/health").text
+    assert tile(page, "succeeded") == ("2", "could not count (see the log); counted 0 s ago")
+    assert dash.finished.get().counting is False  # no retry before the interval
+
+    timer[0] += 5
+    dash.finished.get()
+    dash.finished.wait()
+    assert tile(TestClient(web).get("/health").text, "succeeded") == ("2", "counted 0 s ago")

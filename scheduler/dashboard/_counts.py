@@ -40,6 +40,7 @@ class Counted:
     at: datetime | None
     seconds: float
     counting: bool  # a count is under way
+    failed: bool  # the last count failed (logged): ``counts`` are older ones, or None
 
 
 class FinishedCounts:
@@ -55,6 +56,7 @@ class FinishedCounts:
         self._counts: dict[str, int] | None = None
         self._at: datetime | None = None
         self._seconds = 0.0
+        self._failed = False
         self._ended = float("-inf")  # monotonic, when the last count ended (or failed)
         self._thread: threading.Thread | None = None
 
@@ -72,7 +74,7 @@ class FinishedCounts:
                 )
                 self._thread.start()
                 running = True
-            return Counted(self._counts, self._at, self._seconds, running)
+            return Counted(self._counts, self._at, self._seconds, running, self._failed)
 
     def wait(self, timeout: float | None = None) -> None:
         """Until the count under way (if any) has ended: for tests and scripts."""
@@ -92,9 +94,11 @@ class FinishedCounts:
                 extra={"action": "dashboard_count_failed"},
             )
             with self._lock:
+                self._failed = True
                 self._ended = self._clock()  # failed or not: no retry storm
             return
         with self._lock:
             self._counts, self._at = counts, at
             self._seconds = self._clock() - start
+            self._failed = False
             self._ended = self._clock()
