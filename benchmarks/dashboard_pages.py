@@ -1,6 +1,7 @@
 """Server time of each dashboard page, and SQL statements per live refresh, at scale.
 
     .venv/bin/python benchmarks/dashboard_pages.py [--tasks 10000] [--jobs 1000000] [--reps 40]
+        [--only "Workers & health"]
 
 Builds 10,000 tasks and 1,000,000 jobs (each job with one run in the history: 97 % succeeded,
 2 % aborted, 1 % queued; every task points at its newest job) with set-based SQL, on a SQLite
@@ -186,7 +187,7 @@ async def _get(asgi: Any, path: str) -> tuple[int, float]:
 
 
 def measure(
-    app: Scheduler, reps: int, tasks: int, jobs: int
+    app: Scheduler, reps: int, tasks: int, jobs: int, only: list[str] | None = None
 ) -> list[tuple[str, float, float, int]]:
     asgi = create_app(app, DashboardSettings())
     statements: list[str] = []
@@ -198,6 +199,8 @@ def measure(
     rows = []
     loop = asyncio.new_event_loop()
     for label, path in pages(tasks, jobs).items():
+        if only and label not in only:
+            continue
         for _ in range(3):  # warm caches and the connection pool
             assert loop.run_until_complete(_get(asgi, path))[0] == 200
         # Workers & health's first view started the background count of the finished states:
@@ -236,11 +239,14 @@ def main() -> None:
     p = _bench.parser(__doc__.splitlines()[0], reps=40)
     p.add_argument("--tasks", type=int, default=10_000)
     p.add_argument("--jobs", type=int, default=1_000_000)
+    p.add_argument(
+        "--only", action="append", metavar="PAGE", help='only this page (repeatable): "Job"'
+    )
     args = p.parse_args()
     results: dict[str, list[tuple[str, float, float, int]]] = {}
     for label, url in engines(args, "dashboard.db", PG_DATABASE):
         app = loaded(label, url, args.tasks, args.jobs)
-        results[label] = measure(app, args.reps, args.tasks, args.jobs)
+        results[label] = measure(app, args.reps, args.tasks, args.jobs, args.only)
         app.close()
         if label == "PostgreSQL":
             _bench.drop_pg_database(args.pg, PG_DATABASE)
