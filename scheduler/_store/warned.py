@@ -30,8 +30,10 @@ from sqlalchemy import (
     Integer,
     and_,
     bindparam,
+    cast,
     func,
     literal_column,
+    null,
     or_,
     select,
     union_all,
@@ -106,19 +108,23 @@ def _statement(limit: int | None) -> Any:
     """The UNION ALL of one select per kind, built once per ``limit`` (building it cost more
     than the database's part on SQLite)."""
     conditions = _conditions()
+    with_job = rows.outerjoin(jobs, jobs.c.id == rows.c.last_job_id)
+    no_code = cast(null(), jobs.c.last_error_code.type)
     parts = []
     for order, kind in enumerate(KINDS):
+        # The disabled kinds need nothing of the last job: no lookup of it per row.
+        joined = not kind.startswith("disabled")
         part = (
             select(
                 literal_column(str(order), Integer).label("kind"),  # a constant of ours
                 rows.c.name,
-                jobs.c.last_error_code,
+                (jobs.c.last_error_code if joined else no_code).label("last_error_code"),
                 rows.c.consecutive_failures,
                 rows.c.max_consecutive_failures,
                 rows.c.disabled_reason,
                 func.count().over().label("total"),
             )
-            .select_from(rows.outerjoin(jobs, jobs.c.id == rows.c.last_job_id))
+            .select_from(with_job if joined else rows)
             .where(conditions[kind])
             .order_by(rows.c.name)
         )
