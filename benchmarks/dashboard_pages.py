@@ -1,6 +1,7 @@
 """Server time of each dashboard page, and SQL statements per live refresh, at scale.
 
     .venv/bin/python benchmarks/dashboard_pages.py [--tasks 10000] [--jobs 1000000] [--reps 40]
+        [--only "Workers & health"]
 
 Builds 10,000 tasks and 1,000,000 jobs (each job with one run in the history: 97 % succeeded,
 2 % aborted, 1 % queued; every task points at its newest job) with set-based SQL, on a SQLite
@@ -8,6 +9,10 @@ file and in a PostgreSQL database of its own (``bench_dash_issue14``). Then each
 requested ``--reps`` times straight through the ASGI interface in this process (as uvicorn
 calls it, without a client's or the network's time), as its live refresh asks for it; the
 table shows p50 and p95 of the request's time and the statements it sent.
+
+Workers & health takes the counts of the finished states (succeeded, aborted) in the background,
+at most once per ``FinishedCounts.interval()``, and no request waits on them: its last line,
+"(background) finished counts", is that one statement timed on its own.
 
 The task-filtered reads (run strips, a task's runs, the Jobs page by task) use the index
 ``ix_scheduler_jobs_task (task_name, id)`` that revision 0005 ships.
@@ -28,6 +33,7 @@ from sqlalchemy import event, text
 from scheduler import Scheduler
 from scheduler._config import DashboardSettings
 from scheduler._handlers import Registry
+from scheduler._store import health as _health
 from scheduler.dashboard import create_app
 
 T0 = datetime(2030, 1, 7, 12, 0, tzinfo=UTC)
@@ -181,7 +187,7 @@ async def _get(asgi: Any, path: str) -> tuple[int, float]:
 
 
 def measure(
-    app: Scheduler, reps: int, tasks: int, jobs: int
+    app: Scheduler, reps: int, tasks: int, jobs: int, only: list[str] | None = None
 ) -> list[tuple[str, float, float, int]]:
     asgi = create_app(app, DashboardSettings())
     statements: list[str] = []
@@ -193,8 +199,14 @@ def measure(
     rows = []
     loop = asyncio.new_event_loop()
     for label, path in pages(tasks, jobs).items():
+        if only and label not in only:
+            continue
         for _ in range(3):  # warm caches and the connection pool
             assert loop.run_until_complete(_get(asgi, path))[0] == 200
+        # Workers & health's first view started the background count of the finished states:
+        # let it end, so that it does not share the CPU with the requests measured (it is
+        # measured on its own below).
+        asgi.state.dashboard.finished.wait()
         times = []
         for _ in range(reps):
             statements.clear()
@@ -206,6 +218,19 @@ def measure(
         rows.append((label, statistics.median(times), p95, len(statements)))
         print(f"  {label}: p95 {p95:.1f} ms", file=sys.stderr)
     loop.close()
+    # The finished states' counts, which Workers & health takes in the background at most once
+    # per FinishedCounts.interval() (no page request waits on them): one statement each.
+    times = []
+    for _ in range(reps):
+        statements.clear()
+        start = time.perf_counter()
+        with app.store.read() as conn:
+            _health.finished_counts(conn)
+        times.append((time.perf_counter() - start) * 1000)
+    label = "(background) finished counts"
+    p95 = statistics.quantiles(times, n=20)[-1]
+    rows.append((label, statistics.median(times), p95, len(statements)))
+    print(f"  {label}: p95 {p95:.1f} ms", file=sys.stderr)
     event.remove(app.store.engine, "before_cursor_execute", count)
     return rows
 
@@ -214,11 +239,14 @@ def main() -> None:
     p = _bench.parser(__doc__.splitlines()[0], reps=40)
     p.add_argument("--tasks", type=int, default=10_000)
     p.add_argument("--jobs", type=int, default=1_000_000)
+    p.add_argument(
+        "--only", action="append", metavar="PAGE", help='only this page (repeatable): "Job"'
+    )
     args = p.parse_args()
     results: dict[str, list[tuple[str, float, float, int]]] = {}
     for label, url in engines(args, "dashboard.db", PG_DATABASE):
         app = loaded(label, url, args.tasks, args.jobs)
-        results[label] = measure(app, args.reps, args.tasks, args.jobs)
+        results[label] = measure(app, args.reps, args.tasks, args.jobs, args.only)
         app.close()
         if label == "PostgreSQL":
             _bench.drop_pg_database(args.pg, PG_DATABASE)

@@ -138,6 +138,8 @@ def main() -> None:
             }
             for name, path in shots.items():
                 page.goto(base + path)
+                if name == "health":  # the finished counts come with a live refresh
+                    page.wait_for_selector(".tile[data-state='succeeded'] .age:text('counted')")
                 page.screenshot(
                     path=str(OUT / f"{name}.png"), full_page=name not in ("jobs", "audit")
                 )

@@ -10,6 +10,7 @@ Playwright never downloads a browser here.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import threading
 import time
@@ -220,9 +221,14 @@ def test_click_through_every_page_and_action(browser: Any, site: tuple[Scheduler
     assert job is not None and (job.state, job.last_error_code) == ("aborted", "cancelled")
     assert "cancelled" in page.locator("section.state").inner_text()
 
-    # Workers & health: the worker is listed.
+    # Workers & health: the worker is listed; the finished states' counts, taken in the
+    # background, come with a live refresh and say how old they are.
     page.click("nav a:has-text('Workers')")
     assert "browser-test:1:w" in page.locator("table.workers").inner_text()
+    succeeded = page.locator(".tile[data-state='succeeded']")
+    eventually(lambda: "counted" in succeeded.inner_text())
+    assert re.fullmatch(r"counted \d+ s ago", succeeded.locator(".age").inner_text())
+    assert int(succeeded.locator("b").inner_text()) >= 2  # nightly ran twice, at least
 
     # Sign out: back to the sign-in page.
     page.click("button:has-text('sign out')")

@@ -1,10 +1,13 @@
 """Health: rows, job counts and the warnings of ``scheduler status`` (docs/runbook.md).
 
-:func:`status` reads in one transaction, three queries (rows with their last job's state and
-error code, one statement of index-answered counts over the jobs and the latest finished
-attempt, the workers); ``now`` defaults to the
-app's clock. Workers record that they are alive with :func:`touch` (``scheduler_workers``), and
-every tick outside a running worker is kept with :func:`record_tick`.
+:func:`status` reads in one transaction: the rows with their last job's state and error code
+(for its row list), one statement of index-answered counts over the jobs and the latest
+finished attempt, the rows that warn (:mod:`.warned`, one statement), the workers; ``now``
+defaults to the app's clock. :func:`overview` is the dashboard's read of the same: no row list,
+the first rows of each kind named and the others counted, the live states' counts only (the
+finished states' are :func:`finished_counts`), three statements whatever the table sizes.
+Workers record that they are alive with :func:`touch` (``scheduler_workers``), and every tick
+outside a running worker is kept with :func:`record_tick`.
 """
 
 from __future__ import annotations
@@ -21,15 +24,17 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from .._time import iso
 from . import rows as _rows
+from . import warned as _warned
 from .engine import Store
-from .jobs import ABORTED, CLAIMED, QUEUED, STATES
+from .jobs import ABORTED, CLAIMED, QUEUED, STATES, SUCCEEDED
 from .tables import jobs, runs, workers
+from .tables import rows as task_rows
 
 if TYPE_CHECKING:
     from .._app import Scheduler
 
-#: Disables a person or the file asked for; every other reason (failures) is warned about.
-_CHOSEN_DISABLES = (_rows.REASON_MANUAL, _rows.REASON_CONFIG, _rows.REASON_REMOVED)
+LIVE = (QUEUED, CLAIMED)  # few: counted exactly on every read
+FINISHED = (SUCCEEDED, ABORTED)  # as many as the jobs kept
 
 
 @dataclass(frozen=True)
@@ -163,22 +168,23 @@ def _row(row: _rows.TaskRow) -> dict[str, Any]:
     }
 
 
-def _job_aggregates(conn: Any, now: datetime, limits: Thresholds) -> Any:
+def _count(*where: Any) -> Any:
+    return select(func.count()).select_from(jobs).where(*where).scalar_subquery()
+
+
+def _job_aggregates(conn: Any, now: datetime, limits: Thresholds, *, finished: bool) -> Any:
     """One statement of scalar subqueries, each answered from an index, never a scan of the
-    jobs' rows: the counts per state and the queued and claimed figures from the ready index
-    (``state`` first), the latest finished attempt from the history's newest row (runs are
-    appended as attempts finish, so the highest id is the latest within a few seconds)."""
+    jobs' rows: the counts per state (without ``finished``, only the live states', which are
+    few) and the queued and claimed figures from the ready index (``state`` first), the latest
+    finished attempt from the history's newest row (runs are appended as attempts finish, so
+    the highest id is the latest within a few seconds), and whether any row is enabled."""
     overdue_at = now - timedelta(seconds=limits.job_overdue)
-
-    def count(*where: Any) -> Any:
-        return select(func.count()).select_from(jobs).where(*where).scalar_subquery()
-
     queued, ready = jobs.c.state == QUEUED, jobs.c.run_at <= now
     stmt = select(
-        *(count(jobs.c.state == state).label(state) for state in STATES),
-        count(queued, ready).label("waiting"),
-        count(queued, jobs.c.run_at <= overdue_at).label("overdue"),
-        count(jobs.c.state == CLAIMED, jobs.c.lease_expires_at <= now).label("stopped"),
+        *(_count(jobs.c.state == state).label(state) for state in (STATES if finished else LIVE)),
+        _count(queued, ready).label("waiting"),
+        _count(queued, jobs.c.run_at <= overdue_at).label("overdue"),
+        _count(jobs.c.state == CLAIMED, jobs.c.lease_expires_at <= now).label("stopped"),
         select(func.min(jobs.c.run_at))
         .where(queued, ready)
         .scalar_subquery()
@@ -188,8 +194,23 @@ def _job_aggregates(conn: Any, now: datetime, limits: Thresholds) -> Any:
         .limit(1)
         .scalar_subquery()
         .label("last_finished"),
+        select(task_rows.c.id)
+        .where(task_rows.c.enabled.is_(True))
+        .limit(1)
+        .scalar_subquery()
+        .label("any_enabled"),
     )
     return conn.execute(stmt).one()
+
+
+def finished_counts(conn: Any) -> dict[str, int]:
+    """One statement: how many jobs are in each finished state. Each count walks the state's
+    entries in an index: about 100 ms per million jobs, so the dashboard takes it in the
+    background (``scheduler status`` takes it with the rest)."""
+    found = conn.execute(
+        select(*(_count(jobs.c.state == state).label(state) for state in FINISHED))
+    ).one()
+    return {state: int(found._mapping[state]) for state in FINISHED}
 
 
 def _clock_warnings(seen: list[Any], older: Any, limits: Thresholds) -> list[str]:
@@ -215,24 +236,26 @@ def _clock_warnings(seen: list[Any], older: Any, limits: Thresholds) -> list[str
     return found
 
 
-def status(
+def _read(
     app: Scheduler,
-    now: datetime | None = None,
-    thresholds: Thresholds | None = None,
+    now: datetime | None,
+    thresholds: Thresholds | None,
     *,
-    rows: bool = True,
-) -> dict[str, Any]:
-    """The object ``scheduler status --json`` prints; refuses an outdated schema. Without
-    ``rows`` its ``rows`` list is empty (the warnings still look at every row): the dashboard's
-    Workers & health page shows none, and building 10,000 entries was a fifth of its time."""
+    rows: bool,
+    limit: int | None,
+    finished: bool,
+) -> tuple[dict[str, Any], _warned.WarnedRows]:
+    """``status``'s object and the rows that warn, read in one transaction: the row list (only
+    with ``rows``), the job aggregates, the rows that warn (:mod:`.warned`), the workers."""
     app.check_schema()
     now = now if now is not None else app.clock()
     limits = thresholds or Thresholds()
     with app.store.read() as conn:
-        task_rows = _rows.all_rows(conn, payloads=False)
-        agg = _job_aggregates(conn, now, limits)
+        task_rows = _rows.all_rows(conn, payloads=False) if rows else []
+        agg = _job_aggregates(conn, now, limits, finished=finished)
+        warned = _warned.read(conn, now, limits, limit=limit)
         seen = list(conn.execute(select(workers).order_by(workers.c.started_at)))
-    counts = {state: int(agg._mapping[state]) for state in STATES}
+    counts = {state: int(agg._mapping[state]) for state in (STATES if finished else LIVE)}
     waiting, overdue, stopped = int(agg.waiting), int(agg.overdue), int(agg.stopped)
     oldest_ready, last_finished = agg.oldest_ready, agg.last_finished
     stall_at = now - timedelta(seconds=limits.stalled)
@@ -245,23 +268,6 @@ def status(
     def older(value: datetime | None, seconds: float) -> bool:
         return value is not None and value <= now - timedelta(seconds=seconds)
 
-    in_flight = (QUEUED, CLAIMED)
-    enabled = [r for r in task_rows if r.enabled]
-    held_back = [
-        r.name
-        for r in enabled
-        if not r.concurrent
-        and r.last_job_state in in_flight
-        and older(r.next_run_at, limits.row_held_back)
-    ]
-    rows_overdue = [
-        r.name
-        for r in enabled
-        if r.name not in held_back
-        and (r.concurrent or r.last_job_state not in in_flight)
-        and older(r.next_run_at, limits.row_overdue)
-    ]
-    disabled = [r for r in task_rows if not r.enabled]
     ticks = [w.last_tick_at for w in seen if w.last_tick_at is not None]
     last_tick = max(ticks) if ticks else None
     running = [  # workers' own rows, seen lately: not the hosts' tick records
@@ -269,6 +275,9 @@ def status(
         for w in seen
         if not w.id.endswith(TICK_SUFFIX) and not older(w.last_seen_at, limits.worker_gone)
     ]
+
+    def more(kind: str) -> str:
+        return f" and {warned.more(kind)} more" if warned.more(kind) else ""
 
     warnings: list[str] = []
     if overdue:
@@ -286,39 +295,44 @@ def status(
             f"work has stalled: {waiting} job(s) waiting and nothing finished for "
             f"more than {limits.stalled:g}s"
         )
-    if rows_overdue:
+    if warned.total["overdue"]:
         warnings.append(
             f"task(s) overdue by more than {limits.row_overdue:g}s (is a scheduler "
-            f"ticking?): {', '.join(rows_overdue)}"
+            f"ticking?): {', '.join(warned.names('overdue'))}{more('overdue')}"
         )
-    if held_back:
+    if warned.total["held_back"]:
         warnings.append(
             f"task(s) held back for more than {limits.row_held_back:g}s by a job still"
-            f" in flight: {', '.join(held_back)}"
+            f" in flight: {', '.join(warned.names('held_back'))}{more('held_back')}"
         )
-    for r in enabled:
-        if r.last_job_state == ABORTED and r.last_job_id is not None:
-            limit = (
-                r.max_consecutive_failures
-                if r.max_consecutive_failures is not None
-                else app.settings.max_consecutive_failures
-            )
-            counted = r.consecutive_failures + 1
-            left = f"{counted} of {limit} before the task is disabled" if limit else "no limit"
-            warnings.append(
-                f"task {r.name!r}: its last run aborted ({r.last_error_code});"
-                " the failure is counted at its next slot, which reruns the job in place"
-                f" ({left})"
-            )
-    for r in disabled:
-        if r.disabled_reason not in _CHOSEN_DISABLES:
-            warnings.append(
-                f"task {r.name!r} disabled ({r.disabled_reason}) after "
-                f"{r.consecutive_failures} consecutive failures: fix it, then "
-                f"`scheduler enable {r.name}`"
-            )
+    for r in warned.found["failing"]:
+        limit_of = (
+            r.max_consecutive_failures
+            if r.max_consecutive_failures is not None
+            else app.settings.max_consecutive_failures
+        )
+        counted = r.consecutive_failures + 1
+        left = f"{counted} of {limit_of} before the task is disabled" if limit_of else "no limit"
+        warnings.append(
+            f"task {r.name!r}: its last run aborted ({r.last_error_code});"
+            " the failure is counted at its next slot, which reruns the job in place"
+            f" ({left})"
+        )
+    if warned.more("failing"):
+        warnings.append(f"and {warned.more('failing')} more task(s) whose last run aborted")
+    for r in warned.found["disabled_by_failures"]:
+        warnings.append(
+            f"task {r.name!r} disabled ({r.disabled_reason}) after "
+            f"{r.consecutive_failures} consecutive failures: fix it, then "
+            f"`scheduler enable {r.name}`"
+        )
+    if warned.more("disabled_by_failures"):
+        warnings.append(
+            f"and {warned.more('disabled_by_failures')} more task(s) disabled after"
+            " consecutive failures"
+        )
     # Any process that ticks counts (SPEC §13): a recent tick is all that matters here.
-    if enabled and (last_tick is None or older(last_tick, limits.tick)):
+    if agg.any_enabled is not None and (last_tick is None or older(last_tick, limits.tick)):
         since = f"since {iso(last_tick)}" if last_tick else "yet"
         if running:
             warnings.append(f"no scheduler tick {since}: are the workers stuck?")
@@ -331,8 +345,8 @@ def status(
 
     warnings.extend(_clock_warnings(seen, older, limits))
 
-    return {
-        "rows": [_row(r) for r in task_rows] if rows else [],
+    data = {
+        "rows": [_row(r) for r in task_rows],
         "jobs": counts,
         "health": {
             "waiting": waiting,
@@ -342,9 +356,9 @@ def status(
             "warnings": warnings,
             # extra keys
             "now": iso(now),
-            "rows_overdue": rows_overdue,
-            "rows_held_back": held_back,
-            "rows_disabled": [r.name for r in disabled],
+            "rows_overdue": warned.names("overdue"),
+            "rows_held_back": warned.names("held_back"),
+            "rows_disabled": warned.names("disabled"),
             "last_tick_at": iso(last_tick),
             "last_finished_at": iso(last_finished),
             "workers": [
@@ -361,3 +375,38 @@ def status(
             ],
         },
     }
+    return data, warned
+
+
+def status(
+    app: Scheduler,
+    now: datetime | None = None,
+    thresholds: Thresholds | None = None,
+    *,
+    rows: bool = True,
+) -> dict[str, Any]:
+    """The object ``scheduler status --json`` prints, every count exact and every name listed;
+    refuses an outdated schema. Without ``rows`` its ``rows`` list is empty."""
+    return _read(app, now, thresholds, rows=rows, limit=None, finished=True)[0]
+
+
+WARNED_LIMIT = 20
+"""Rows of each kind the dashboard names (:func:`overview`); the others are counted."""
+
+
+def overview(
+    app: Scheduler,
+    now: datetime | None = None,
+    thresholds: Thresholds | None = None,
+    *,
+    limit: int = WARNED_LIMIT,
+) -> dict[str, Any]:
+    """The dashboard's Workers & health read, three statements whatever the table sizes:
+    :func:`status` without the row list, with the counts of the live states only (the
+    finished ones are :func:`finished_counts`, which walks an index entry per finished job),
+    and with the first ``limit`` rows of each kind named in its warnings and ``rows_*`` lists
+    ("and N more"); ``rows_counted`` has each kind's total (:data:`.warned.KINDS`)."""
+    data, warned = _read(app, now, thresholds, rows=False, limit=limit, finished=False)
+    del data["rows"]
+    data["rows_counted"] = dict(warned.total)
+    return data
