@@ -9,6 +9,8 @@ is never imported by this package.
 its W3C ``traceparent`` with the job (only that header: no baggage, no tracestate, so nothing
 the caller put in its context travels in the database). The worker runs each attempt under a
 ``CONSUMER`` span whose parent is that ``traceparent``; spans a handler opens are its children.
+A tick that dispatches or reruns jobs opens a ``PRODUCER`` span ``tick`` (:class:`TickTrace`),
+and the jobs it queues carry its ``traceparent`` in the same way.
 Attributes follow OpenTelemetry's messaging conventions (the queue, the job id, the attempt);
 never the payload or an exception message: a failed attempt sets the span's status to ERROR
 with the job's error code.
@@ -18,12 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._runner import Outcome
     from ._store.jobs import Job
+    from ._tick.report import TickReport
 
 TRACER_NAME = "scheduler"
 SYSTEM = "scheduler"
@@ -78,6 +82,56 @@ def enqueue_span(handler: str, queue: str) -> Iterator[Enqueued]:
         carrier: dict[str, str] = {}
         _propagator().inject(carrier)  # the current context is this span's
         yield Enqueued(span, carrier.get("traceparent"))
+
+
+class TickTrace:
+    """One tick's span, begun only once the tick dispatches or reruns a job (an idle tick, or
+    one whose due rows are all held back, makes none), so that scheduled work is traced like
+    enqueued work: each job the tick creates or reruns carries this span's ``traceparent``,
+    and its run's span is a child of it. The span starts at the tick's start, is a child of
+    the caller's current span (a host app's ``app.tick()`` in a request), and ends with the
+    tick, with the counts of what it dispatched and reran."""
+
+    def __init__(self) -> None:
+        self._trace = _trace()
+        self._started = time.time_ns() if self._trace is not None else 0
+        self._span: Any = None
+        self.traceparent: str | None = None
+
+    @property
+    def wanted(self) -> bool:
+        """Whether OpenTelemetry is configured (else this does nothing)."""
+        return self._trace is not None
+
+    def begin(self) -> str | None:
+        """The span's ``traceparent`` (the span begun at the first call); None untraced."""
+        trace = self._trace
+        if trace is None or self._span is not None:
+            return self.traceparent
+        self._span = trace.get_tracer(TRACER_NAME).start_span(
+            "tick",
+            kind=trace.SpanKind.PRODUCER,
+            start_time=self._started,
+            attributes={"messaging.system": SYSTEM, "messaging.operation.type": "create"},
+        )
+        carrier: dict[str, str] = {}
+        _propagator().inject(carrier, context=trace.set_span_in_context(self._span))
+        self.traceparent = carrier.get("traceparent")
+        return self.traceparent
+
+    def end(self, report: TickReport | None, error: BaseException | None = None) -> None:
+        span = self._span
+        if span is None:
+            return
+        if report is not None:
+            span.set_attribute("scheduler.dispatched", len(report.dispatched))
+            span.set_attribute("scheduler.rerun", len(report.rerun))
+        if error is not None and self._trace is not None:  # its type: a message may carry values
+            name = type(error).__name__
+            span.set_attribute("error.type", name)
+            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, name))
+        span.end()
+        self._span = None
 
 
 class Running:

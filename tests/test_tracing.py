@@ -173,3 +173,65 @@ def test_nothing_happens_when_opentelemetry_is_imported_but_not_configured(
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+TICKER = """
+import json, sys
+from trace_recorder import trace
+from scheduler import PermanentError, Scheduler, TaskSpec
+from scheduler._handlers import Registry
+from scheduler._worker import Worker
+
+registry = Registry()
+
+
+@registry.handler("t.fails", retry_safe=True, max_attempts=1)
+def fails(job):
+    raise PermanentError("always")
+
+
+app = Scheduler(sys.argv[1], registry=registry)
+app.migrate()
+app.sync([TaskSpec("nightly", "*/5 * * * *", "t.fails", {}, "UTC")])
+found = {}
+app.trigger("nightly")  # due now
+found["first"] = app.tick().dispatched
+found["idle"] = app.tick().dispatched  # nothing due: no span
+with app.store.read() as conn:
+    from sqlalchemy import text
+    job_id, first_tp = conn.execute(text("SELECT id, traceparent FROM scheduler_jobs")).one()
+found["job_id"], found["first_tp"] = job_id, first_tp
+found["ran"] = Worker(app, concurrency=1).run(once=True).handled  # aborted: rerun next
+app.trigger("nightly")
+found["rerun"] = app.tick().rerun
+found["rerun_tp"] = app.get_job(job_id).traceparent
+found["ran_again"] = Worker(app, concurrency=1).run(once=True).handled
+print(json.dumps(found))
+"""
+
+
+def test_a_tick_that_queues_jobs_is_traced_and_their_runs_are_its_children(
+    db_url_sp: str, tmp_path: Path
+) -> None:
+    """A tick that dispatches or reruns makes one PRODUCER span (an idle tick makes none);
+    each job it queues carries that span's traceparent, a rerun in place the new tick's, and
+    each run's span is a child of the tick that queued it."""
+    (tmp_path / "trace_recorder.py").write_text(RECORDER)
+    (tmp_path / "ticker.py").write_text(TICKER)
+    found = json.loads(run(tmp_path, ["ticker.py", db_url_sp], "tick.json"))
+    assert found["first"] == ["nightly"] and found["idle"] == []
+    assert found["rerun"] == ["nightly"] and found["ran"] == found["ran_again"] == 1
+    recorded = spans(tmp_path, "tick.json")
+    ticks = [s for s in recorded if s["name"] == "tick"]
+    assert len(ticks) == 2, [s["name"] for s in recorded]  # not the idle one
+    first, second = ticks
+    for span, dispatched, rerun in ((first, 1, 0), (second, 0, 1)):
+        assert span["kind"] == "PRODUCER" and span["parent"] is None
+        assert span["attributes"]["scheduler.dispatched"] == dispatched
+        assert span["attributes"]["scheduler.rerun"] == rerun
+    for traceparent, span in ((found["first_tp"], first), (found["rerun_tp"], second)):
+        _version, trace_id, span_id, _flags = traceparent.split("-")
+        assert (trace_id, span_id) == (span["trace_id"], span["span_id"])
+    runs = [s for s in recorded if s["kind"] == "CONSUMER"]
+    assert [r["parent"] for r in runs] == [first["span_id"], second["span_id"]]
+    assert all(r["attributes"]["messaging.message.id"] == str(found["job_id"]) for r in runs)

@@ -52,6 +52,8 @@ class Work:
     """Connections to spread a batch over: 0 for the engine's default, < 0 for one."""
     skip_locked: bool = True
     """Pass over a row another transaction holds locked (where the engine can tell at once)."""
+    traceparent: str | None = None
+    """The tick's span (OpenTelemetry, when traced), for the jobs it creates or reruns."""
 
 
 @dataclass

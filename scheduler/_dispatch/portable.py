@@ -57,7 +57,7 @@ _P = bindparam
 # The new job's values are _jobs.new_job_values', each a parameter named "j_" + its column.
 JOB_COLUMNS: tuple[str, ...] = ("handler", "payload", "queue", "priority", "run_at", "state")
 JOB_COLUMNS += ("attempts", "max_attempts", "dedupe_key", "task_name", "created_at", "tenant")
-JOB_COLUMNS += ("slot",)
+JOB_COLUMNS += ("slot", "traceparent")
 JOB_PARAMS = {c: _P(f"j_{c}", type_=jobs.c[c].type) for c in JOB_COLUMNS}
 _JOB_KEYS = {c: f"j_{c}" for c in JOB_COLUMNS}  # made once: a dispatch renames every column
 # The row's compare-and-swap of a fresh dispatch: parameters "r_" + what they set.
@@ -103,6 +103,7 @@ _RESET_JOB = _jobs.by_id(  # through the primary key on MariaDB/MySQL (see _jobs
         tenant=_P("p_tenant"),
         run_at=_P("p_now"),
         slot=_P("p_slot"),
+        traceparent=_P("p_traceparent"),
         last_error_code=None,
         lease_owner=None,
         lease_expires_at=None,
@@ -136,6 +137,7 @@ def fresh_params(row: DueRow, decision: Decision, work: Work) -> dict[str, Any]:
     keys = _JOB_KEYS
     params = {keys[column]: value for column, value in job.items()}
     params["j_tenant"] = row.tenant
+    params["j_traceparent"] = work.traceparent
     params.update(
         j_slot=decision.slot if decision.slot is not None else row.next_run_at,
         p_now=work.now,
@@ -262,6 +264,7 @@ def _rerun(conn: Connection, row: DueRow, decision: Decision, work: Work) -> Don
             "p_tenant": row.tenant,
             "p_now": work.now,
             "p_slot": decision.slot if decision.slot is not None else row.next_run_at,
+            "p_traceparent": work.traceparent,  # the rerun's run: a child of this tick's span
         },
     )
     if reset.rowcount != 1:

@@ -20,6 +20,7 @@ with the others, and the next tick looks at it again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from datetime import datetime
@@ -27,17 +28,18 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from .. import _cron
+from .. import _cron, _tracing
 from .._dispatch import Carried, Decided, Dispatcher, JobDefaults, Work, dispatcher_for
 from .._dispatch.portable import SendDispatched
 from .._store import Store
-from .decide import decide
+from .decide import Action, decide
 from .due import DueRow, Position, due, last_id
 from .report import Outcome, TickReport
 
 log = logging.getLogger("scheduler._tick")  # every record of the tick, whichever module
 
 _random = random.Random()  # where a tick that met another goes on; not a secret
+_CREATES = (Action.DISPATCH, Action.RERUN)  # the decisions that queue a job (a traced tick's)
 
 
 def next_slot(row: DueRow, now: datetime) -> datetime:
@@ -89,9 +91,39 @@ def tick(
     job_defaults: JobDefaults,
     connections: int = 0,
 ) -> TickReport:
-    """Run one tick over every due row, in bounded batches."""
-    dispatcher = dispatcher_for(store)
+    """Run one tick over every due row, in bounded batches (under a span when traced and it
+    dispatches or reruns: _tracing.TickTrace)."""
     report = TickReport()
+    trace = _tracing.TickTrace()
+    try:
+        _tick(
+            store,
+            now,
+            max_consecutive_failures,
+            batch_size,
+            job_defaults,
+            connections,
+            report,
+            trace,
+        )
+    except BaseException as exc:
+        trace.end(report, exc)
+        raise
+    trace.end(report)
+    return report
+
+
+def _tick(
+    store: Store,
+    now: datetime,
+    max_consecutive_failures: int,
+    batch_size: int,
+    job_defaults: JobDefaults,
+    connections: int,
+    report: TickReport,
+    trace: _tracing.TickTrace,
+) -> None:
+    dispatcher = dispatcher_for(store)
     after: Position | None = None
     seen: set[int] = set()  # the rows decided in this tick, not decided again after a jump
     jumped = owed = False  # owed: a jump skipped rows; read from the first once past the last
@@ -108,7 +140,7 @@ def tick(
             batch = due(store, conn, now, batch_size, after)
             todo = [row for row in batch if row.id not in seen] if jumped else batch
             lost = _carry_out(
-                store, conn, todo, max_consecutive_failures, dispatcher, work, report, seen
+                store, conn, todo, max_consecutive_failures, dispatcher, work, report, seen, trace
             )
             if lost:  # another tick is on these rows: go on from a random position
                 top = last_id(store, conn)
@@ -116,7 +148,7 @@ def tick(
                 jumped = owed = True
             elif len(batch) < batch_size:
                 if not owed:
-                    return report
+                    return
                 after, owed = None, False  # back for the rows the jump skipped
             else:
                 after = (batch[-1].next_run_at, batch[-1].id)
@@ -131,6 +163,7 @@ def _carry_out(
     work: Work,
     report: TickReport,
     seen: set[int],
+    trace: _tracing.TickTrace | None = None,
 ) -> int:
     """Decide each row, have the dispatcher write the decisions, report the outcomes (adding
     the rows carried out to `seen`); the number of races lost. A dispatcher stops a batch at
@@ -170,6 +203,8 @@ def _carry_out(
             failure = exc
             break
         decided.append((row, decision))
+    if trace is not None and trace.wanted and any(d.action in _CREATES for _, d in decided):
+        work = dataclasses.replace(work, traceparent=trace.begin())  # the jobs carry the span
     carried = dispatcher.carry_out(store, conn, decided, work) if decided else Carried()
     if failure is not None:
         carried.failures.append(failure)
