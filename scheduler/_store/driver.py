@@ -104,7 +104,7 @@ T = TypeVar("T")
 class Prepared:
     """One statement compiled for one dialect, run on the cursor of a Connection."""
 
-    __slots__ = ("_dialect", "_names", "_positional", "_processors", "sql")
+    __slots__ = ("_dialect", "_names", "_positional", "_steps", "sql")
 
     def __init__(
         self, statement: ClauseElement, dialect: Dialect, *, compile_as: Dialect | None = None
@@ -123,25 +123,29 @@ class Prepared:
             self._names: tuple[str, ...] = tuple(compiled.positiontup or ())
         else:
             self._names = tuple(compiled.binds)
-        self._processors: dict[str, Callable[[Any], Any]] = {}
+        processors: dict[str, Callable[[Any], Any]] = {}
         for name, bind in compiled.binds.items():
             process = bind.type.dialect_impl(dialect).bind_processor(dialect)
             if process is not None:
-                self._processors[name] = _remember_last(process)
+                processors[name] = _remember_last(process)
+        # Per parameter, in the driver's order: its name and its processor (None: as it is).
+        self._steps = tuple((name, processors.get(name)) for name in self._names)
 
     def arguments(self, params: Mapping[str, Any]) -> Any:
         """The driver's arguments for `params`: each value through its column type."""
-        processors = self._processors
         values = [
-            processors[name](params[name]) if name in processors else params[name]
-            for name in self._names
+            params[name] if process is None else process(params[name])
+            for name, process in self._steps
         ]
         return tuple(values) if self._positional else dict(zip(self._names, values, strict=True))
 
-    def run(self, conn: Connection, params: Mapping[str, Any]) -> Any:
-        """Execute on `conn`'s current transaction; return the driver's cursor."""
+    def run(self, conn: Connection, params: Mapping[str, Any], cursor: Any = None) -> Any:
+        """Execute on `conn`'s current transaction; return the driver's cursor (`cursor`, one
+        this transaction's earlier statement returned, is used again: a row's statements
+        share one)."""
         arguments = self.arguments(params)
-        cursor = conn.connection.cursor()
+        if cursor is None:
+            cursor = conn.connection.cursor()
         before_cursor(conn, cursor, self.sql, arguments)
         try:
             cursor.execute(self.sql, arguments)
