@@ -41,7 +41,7 @@ from .._store import Store
 from .._store import decisions as _decisions
 from .._store import jobs as _jobs
 from .._store import locks as _locks
-from .._store.driver import Prepared, PreparedSet
+from .._store.driver import CursorEvents, Prepared, PreparedSet, cursor_events
 from .._store.tables import JobState, decisions, jobs, rows
 from .._tick.decide import Action, Decision, Entry, Logged
 from .._tick.due import DueRow
@@ -293,16 +293,26 @@ def plain_dispatched(entry: Entry, slot: datetime) -> bool:
     )
 
 
-def _dispatch(conn: Connection, row: DueRow, decision: Decision, work: Work) -> Done:
+def _dispatch(
+    conn: Connection,
+    row: DueRow,
+    decision: Decision,
+    work: Work,
+    events: CursorEvents | None = None,
+) -> Done:
+    """A fresh dispatch: the job's INSERT, the row's swap, the entries; `events`: the cursor
+    listeners of `conn`, taken once for the batch (else here, once for the row's statements)."""
     params = fresh_params(row, decision, work)
-    cursor = _INSERT_JOB.on(conn).run(conn, params)
+    if events is None:
+        events = cursor_events(conn)
+    cursor = _INSERT_JOB.on(conn).run(conn, params, None, events)
     job_id = int(cursor.fetchone()[0] if conn.dialect.name in _RETURNS_ID else cursor.lastrowid)
     params["r_job_id"] = job_id
-    if _POINT_ROW.on(conn).run(conn, params, cursor).rowcount != 1:
+    if _POINT_ROW.on(conn).run(conn, params, cursor, events).rowcount != 1:
         raise _Rollback(Outcome.LOST_RACE)
     log = decision.log
     if log and plain_dispatched(log[0], params["j_slot"]):
-        _LOG_DISPATCHED.on(conn).run(conn, params, cursor)
+        _LOG_DISPATCHED.on(conn).run(conn, params, cursor, events)
         log = log[1:]
     if log:
         _decisions.write(conn, log_params(row, decision, work, job_id, log))
@@ -346,10 +356,18 @@ _WRITES = {
 }
 
 
-def carry_out_row(conn: Connection, row: DueRow, decision: Decision, work: Work) -> Done:
+def carry_out_row(
+    conn: Connection,
+    row: DueRow,
+    decision: Decision,
+    work: Work,
+    events: CursorEvents | None = None,
+) -> Done:
     """One decision in its own transaction on `conn` (a repeated hold back needs none). A row
     (or, for a rerun, its last job) that another transaction holds locked is passed over
-    (``locked``), not waited for (``_store/locks.py``)."""
+    (``locked``), not waited for (``_store/locks.py``). `events`: `conn`'s cursor listeners
+    (:func:`~scheduler._store.driver.cursor_events`), taken once for a batch's fresh
+    dispatches."""
     if not decision.writes:
         return Outcome.HELD_BACK, None
     write = _WRITES.get(decision.action)
@@ -360,6 +378,8 @@ def carry_out_row(conn: Connection, row: DueRow, decision: Decision, work: Work)
             job = row.last_job_id if decision.action is Action.RERUN else None
             if work.skip_locked and not _locks.take(conn, row.id, job):
                 raise _Rollback(Outcome.LOCKED)
+            if write is _dispatch:
+                return _dispatch(conn, row, decision, work, events)
             return write(conn, row, decision, work)
     except _Rollback as rolled_back:
         return rolled_back.outcome, None
@@ -388,9 +408,10 @@ class PortableDispatcher:
         if lanes > 1:
             return _parallel(store, conn, decided, lanes, work)
         carried = Carried()
+        events = cursor_events(conn)  # once for the batch: a lookup costs more than a statement
         for row, decision in decided:
             try:
-                done = carried.done[row.id] = carry_out_row(conn, row, decision, work)
+                done = carried.done[row.id] = carry_out_row(conn, row, decision, work, events)
             except BaseException as exc:  # the rows before it committed: report them
                 carried.failures.append(exc)
                 break
@@ -411,12 +432,13 @@ def _parallel(
     lost: list[int] = []  # a lost race stops every lane: the rest is likely stale too
 
     def lane(lane_conn: Connection) -> None:
+        events = cursor_events(lane_conn)
         while not lost:
             try:
                 row, decision = pending.popleft()
             except IndexError:
                 return
-            done = carried.done[row.id] = carry_out_row(lane_conn, row, decision, work)
+            done = carried.done[row.id] = carry_out_row(lane_conn, row, decision, work, events)
             if done[0] is Outcome.LOST_RACE:
                 lost.append(row.id)
 
