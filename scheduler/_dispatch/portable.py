@@ -16,10 +16,12 @@ the row since the due query read it, and the row's transaction rolls back (``los
 Each decision's log entries (``Decision.log``: ``dispatched``, ``held_back``, ``coalesced`` ...)
 are INSERTed into ``scheduler_decisions`` in the same transaction (``_store/decisions.py``).
 
-A fresh dispatch, the tick's hot path, runs its two statements on the driver's cursor
-(``_store/driver.py``). With more than one connection configured (not on SQLite, which has one
-writer at a time), a batch's rows are taken in due order by several connections on helper
-threads.
+A fresh dispatch, the tick's hot path, runs its three statements (the job's INSERT, the row's
+swap, its ``dispatched`` entry) on one cursor of the driver's (``_store/driver.py``), with the
+connection's cursor listeners taken once per batch; the entry takes its four values from the
+dispatch's own parameters (:data:`DISPATCHED_ENTRY`). With more than one connection configured
+(not on SQLite, which has one writer at a time), a batch's rows are taken in due order by
+several connections on helper threads.
 """
 
 from __future__ import annotations
