@@ -8,6 +8,10 @@ on a machine too busy for timings).
 Loads 1,000 rows of a yearly cron, then REPS rounds: make 100 of them due at a real slot with no
 later slot passed, and in ``tick`` mode dispatch them (in ``prep`` mode tick while nothing is
 due). (tick - prep) / (REPS * 100) is the instructions per dispatched row.
+
+Set ``PYTHONHASHSEED`` (the same for both checkouts): with a random one, the count of the same
+code moves by up to 5 % from run to run (the dicts' collisions); with a fixed one, by about
+0.5 %. docs/performance.md §12 gives the mean over seeds 0 to 3.
 """
 
 from __future__ import annotations
