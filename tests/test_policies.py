@@ -135,6 +135,17 @@ def test_overlap_allow_and_its_alias_concurrent(sched: Scheduler) -> None:
     report = sched.tick(now=slot(2))  # both jobs still queued: a second one beside each
     assert sorted(report.dispatched) == ["a", "c"]
     assert [d for d, *_ in log(sched, "a")] == ["dispatched", "dispatched"]
+    first = log(sched, "a")[0][2]
+    with sched.store.read() as conn:  # the second names the job it runs beside (on PostgreSQL
+        details = conn.execute(  # the one-statement dispatch writes it)
+            select(decisions.c.detail, decisions.c.reason)
+            .where(decisions.c.task_name == "a")
+            .order_by(decisions.c.id)
+        ).all()
+    assert [tuple(d) for d in details] == [
+        (None, None),
+        (f"beside job {first} (queued): overlap allow", None),
+    ]
     # overlap = "allow" without concurrent and concurrent = true without overlap sync alike
     assert sched.sync([spec("a", overlap="allow"), spec("c", concurrent=True)]).update == []
 
