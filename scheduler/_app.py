@@ -32,7 +32,7 @@ from ._errors import ConfigError, SchedulerError, SchemaOutdated
 from ._handlers import AbandonedHook, F, Registry, TenantContext
 from ._payload import encode_payload
 from ._retry import retry
-from ._runner import Runner
+from ._runner import RecordedHook, Runner
 from ._store import Store, make_engine
 from ._store import audit as _audit
 from ._store import clock as _clock
@@ -168,6 +168,8 @@ class Scheduler:
         self._tick_recorded_at: datetime | None = None
         self._loop: asyncio.Runner | None = None  # app.work()'s loop for async handlers
         self._loop_lock = threading.Lock()
+        #: Told of every runner's committed outcomes (scheduler.metrics adds its counter).
+        self._recorded_hooks: list[RecordedHook] = []
 
     def clock_offset(self) -> float | None:
         """The database server's time minus this host's wall clock, in seconds (None on
@@ -627,6 +629,7 @@ class Scheduler:
             backoff_max=timedelta(seconds=self.settings.backoff_max_seconds),
             queues=w.queues,
             coroutine_runner=self._run_coroutine,
+            recorded=self._recorded_hooks,
         )
 
     def _run_coroutine(self, coro: Coroutine[Any, Any, _T]) -> _T:

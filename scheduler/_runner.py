@@ -44,6 +44,9 @@ RETURNED_AWAITABLE = "handler_returned_awaitable"  # a sync handler returned a c
 WORKER_STOPPED = "worker_stopped"  # an async run cancelled at shutdown, after the grace
 
 CoroutineRunner = Callable[[Coroutine[Any, Any, Any]], Any]
+#: Told of each batch of committed outcomes: (the job as written, "succeeded" | "failed" |
+#: "aborted" | "abandoned").
+RecordedHook = Callable[[list[tuple["Job", str]]], None]
 
 _CURRENT: ContextVar[RunningJob | None] = ContextVar("scheduler_current_job", default=None)
 
@@ -127,8 +130,13 @@ class Runner:
         backoff_max: timedelta,
         queues: tuple[str, ...] = ("default",),
         coroutine_runner: CoroutineRunner | None = None,
+        recorded: list[RecordedHook] | None = None,
     ) -> None:
         self.store = store
+        #: Called after each commit of outcomes with the (job, outcome) pairs it wrote (the
+        #: metrics' outcome counter: one call per batch, not a signal receiver per job). The
+        #: app's list, shared: a hook added later is seen.
+        self.recorded: list[RecordedHook] = [] if recorded is None else recorded
         #: Runs a coroutine to its end from sync code (an async ``abandoned`` hook met by a
         #: sync path, an async handler met by ``work()``): the worker's loop, or the app's.
         self.coroutine_runner = coroutine_runner
@@ -550,6 +558,7 @@ class Runner:
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
         results: list[str] = []
+        committed: list[tuple[Job, str]] = []
         for outcome, view in zip(outcomes, views, strict=True):
             job = outcome.job
             if view is None:
@@ -561,8 +570,10 @@ class Runner:
                 results.append("lease_lost")
                 continue
             if outcome.state == SUCCEEDED:
+                committed.append((view, "succeeded"))
                 signals.send(signals.job_succeeded, job.handler, job=view)
             elif outcome.state == QUEUED:
+                committed.append((view, "failed"))
                 signals.send(
                     signals.job_failed,
                     job.handler,
@@ -571,13 +582,22 @@ class Runner:
                     retry_at=outcome.retry_at,
                 )
             else:
+                committed.append((view, "abandoned" if outcome.abandoned else "aborted"))
                 if outcome.abandoned:
                     signals.send(
                         signals.job_abandoned, job.handler, job=view, error_code=outcome.run_code
                     )
                 signals.send(signals.job_aborted, job.handler, job=view, error_code=outcome.code)
             results.append("abandoned" if outcome.abandoned else outcome.state)
+        self._tell_recorded(committed)
         return results
+
+    def _tell_recorded(self, committed: list[tuple[Job, str]]) -> None:
+        for hook in self.recorded:
+            try:
+                hook(committed)
+            except Exception:
+                log.exception("an outcome hook raised", extra={"action": "outcome_hook_failed"})
 
     def _finish(self, items: list[_jobs.Finish]) -> list[Job | None]:
         with self.store.begin() as conn:
@@ -586,6 +606,8 @@ class Runner:
     def _signal_aborted(self, job: Job, code: str) -> None:
         with self.store.read() as conn:
             view = _jobs.get_job(conn, job.id)
+        if view is not None:
+            self._tell_recorded([(view, "aborted")])
         signals.send(signals.job_aborted, job.handler, job=view, error_code=code)
 
     # -- the simple loop ----------------------------------------------------------------

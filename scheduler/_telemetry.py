@@ -56,7 +56,6 @@ class Telemetry:
     def close(self) -> None:
         if self._server is not None:
             self._server.shutdown()
-            self._server.server_close()
             self._server = None
 
     def ticked(self, seconds: float, report: TickReport) -> None:

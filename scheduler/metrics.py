@@ -6,9 +6,10 @@ nothing else in the package imports it unless metrics are on.
 
 Two kinds of figures:
 
-* **events**, counted where they happen in this process: job outcomes (from the ``job_*``
-  signals, so only what was committed), run time and queue wait (around the handler call in the
-  worker), dispatch lateness (``job_dispatched``), tick time and decisions (the worker's tick);
+* **events**, counted where they happen in this process: job outcomes (told by the app's
+  runners after each commit, so only what was committed), run time and queue wait (around
+  the handler call in the worker), dispatch lateness, tick time and decisions (the
+  worker's tick reports);
 * **the database's state**, read by :class:`DatabaseCollector` at most once every
   ``[metrics] cache_seconds`` in **one** statement, whatever the scrape rate: jobs by state and
   queue, tasks enabled and disabled, each task's last success and consecutive failures, the
@@ -20,21 +21,27 @@ id or a payload.
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import logging
+import math
+import selectors
+import socket
+import socketserver
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
-    Histogram,
     make_asgi_app,
-    start_http_server,
+    make_wsgi_app,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
@@ -52,7 +59,6 @@ from sqlalchemy import (
     union_all,
 )
 
-from . import signals
 from ._store.jobs import QUEUED, STATES, SUCCEEDED, Job
 from ._store.tables import UTCDateTime, jobs, rows, workers
 
@@ -62,7 +68,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DatabaseCollector", "Metrics", "asgi_app", "metrics_for", "serve"]
+__all__ = [
+    "DatabaseCollector",
+    "Metrics",
+    "MetricsServer",
+    "RunTimes",
+    "asgi_app",
+    "metrics_for",
+    "serve",
+]
 
 OUTCOMES = ("succeeded", "failed", "aborted", "abandoned")
 DECISIONS = (
@@ -124,6 +138,106 @@ def _state_statement(now: datetime) -> Any:
         .group_by(jobs.c.task_name),
         select(kind("worker"), text(workers.c.id), no_text, no_number, workers.c.last_seen_at),
     )
+
+
+class _RunSeries:
+    """One (handler, queue)'s run-time and queue-wait histograms: bucket counts and sums."""
+
+    __slots__ = ("lock", "ran", "ran_sum", "waited", "waited_sum")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ran = [0] * (len(JOB_BUCKETS) + 1)  # the last: above every bound (+Inf only)
+        self.ran_sum = 0.0
+        self.waited = [0] * (len(WAIT_BUCKETS) + 1)
+        self.waited_sum = 0.0
+
+    def observe(self, seconds: float, wait: float) -> None:
+        i, j = bisect.bisect_left(JOB_BUCKETS, seconds), bisect.bisect_left(WAIT_BUCKETS, wait)
+        with self.lock:
+            self.ran[i] += 1
+            self.ran_sum += seconds
+            self.waited[j] += 1
+            self.waited_sum += wait
+
+
+def le(bound: float) -> str:
+    """A bucket's ``le`` label as ``prometheus_client`` writes it (``1.0``, ``0.005``, ``+Inf``)."""
+    return "+Inf" if math.isinf(bound) else repr(float(bound))
+
+
+def _buckets(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:
+    """Per-bucket counts as Prometheus' cumulative ``le`` buckets, ``+Inf`` last."""
+    found, total = [], 0
+    for bound, count in zip((*bounds, float("inf")), counts, strict=True):
+        total += count
+        found.append((le(bound), float(total)))
+    return found
+
+
+class TickHistogram(Collector):
+    """An unlabelled histogram the worker's tick feeds (tick time, dispatch lateness): one
+    bisection and one lock per observation, where ``prometheus_client``'s takes two locks and
+    a linear search (an idle tick's hook was mostly that)."""
+
+    def __init__(self, name: str, documentation: str, bounds: tuple[float, ...]) -> None:
+        self.name, self.documentation, self.bounds = name, documentation, bounds
+        self._lock = threading.Lock()
+        self._counts = [0] * (len(bounds) + 1)
+        self._sum = 0.0
+
+    def observe(self, value: float) -> None:
+        i = bisect.bisect_left(self.bounds, value)
+        with self._lock:
+            self._counts[i] += 1
+            self._sum += value
+
+    def collect(self) -> Iterable[Metric]:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        family = HistogramMetricFamily(self.name, self.documentation)
+        family.add_metric([], _buckets(self.bounds, counts), total)
+        yield family
+
+
+class RunTimes(Collector):
+    """``scheduler_job_duration_seconds`` and ``scheduler_job_queue_wait_seconds``, by handler
+    and queue: one lock and two bisections per attempt for both (``prometheus_client``'s
+    ``Histogram`` takes two locks per observation, four per attempt: a no-op job's metrics
+    cost was mostly that)."""
+
+    def __init__(self) -> None:
+        self._series: dict[tuple[str, str], _RunSeries] = {}
+        self._made = threading.Lock()
+
+    def series(self, handler: str, queue: str) -> _RunSeries:
+        key = (handler, queue)
+        found = self._series.get(key)
+        if found is None:
+            with self._made:
+                found = self._series.setdefault(key, _RunSeries())
+        return found
+
+    def collect(self) -> Iterable[Metric]:
+        ran = HistogramMetricFamily(
+            "scheduler_job_duration_seconds",
+            "Time in the handler, per attempt.",
+            labels=["handler", "queue"],
+        )
+        waited = HistogramMetricFamily(
+            "scheduler_job_queue_wait_seconds",
+            "From the moment a job was ready (its run_at) to its handler's start.",
+            labels=["handler", "queue"],
+        )
+        for (handler, queue), series in list(self._series.items()):
+            with series.lock:
+                ran_counts, ran_sum = list(series.ran), series.ran_sum
+                waited_counts, waited_sum = list(series.waited), series.waited_sum
+            labels = [handler, queue]
+            ran.add_metric(labels, _buckets(JOB_BUCKETS, ran_counts), ran_sum)
+            waited.add_metric(labels, _buckets(WAIT_BUCKETS, waited_counts), waited_sum)
+        yield ran
+        yield waited
 
 
 class DatabaseCollector(Collector):
@@ -219,7 +333,7 @@ class DatabaseCollector(Collector):
 
 
 class Metrics:
-    """One app's metrics: the event counters fed by the signals and the worker, and the
+    """One app's metrics: the event counters fed by the worker and its runners, and the
     database gauges; each on its own registry (with the process collectors)."""
 
     def __init__(self, app: Scheduler, *, cache_seconds: float | None = None) -> None:
@@ -235,56 +349,36 @@ class Metrics:
             ["handler", "queue", "outcome"],
             registry=r,
         )
-        self.duration = Histogram(
-            "scheduler_job_duration_seconds",
-            "Time in the handler, per attempt.",
-            ["handler", "queue"],
-            buckets=JOB_BUCKETS,
-            registry=r,
-        )
-        self.queue_wait = Histogram(
-            "scheduler_job_queue_wait_seconds",
-            "From the moment a job was ready (its run_at) to its handler's start.",
-            ["handler", "queue"],
-            buckets=WAIT_BUCKETS,
-            registry=r,
-        )
-        self.lateness = Histogram(
+        self.run_times = RunTimes()
+        r.register(self.run_times)
+        self.lateness = TickHistogram(
             "scheduler_dispatch_lateness_seconds",
             "From a task's slot to its job's dispatch.",
-            buckets=LATENESS_BUCKETS,
-            registry=r,
+            LATENESS_BUCKETS,
         )
-        self.tick_duration = Histogram(
-            "scheduler_tick_duration_seconds",
-            "Time one tick took.",
-            buckets=TICK_BUCKETS,
-            registry=r,
+        self.tick_duration = TickHistogram(
+            "scheduler_tick_duration_seconds", "Time one tick took.", TICK_BUCKETS
         )
+        r.register(self.lateness)
+        r.register(self.tick_duration)
         self.decisions = Counter(
             "scheduler_tick_decisions",
             "Rows decided by the tick, by decision.",
             ["decision"],
             registry=r,
         )
-        for decision in DECISIONS:
-            self.decisions.labels(decision)
+        # (TickReport attribute, its counter child): the decisions are the report's lists.
+        self._decision_children = tuple((d, self.decisions.labels(d)) for d in DECISIONS)
         self.database = DatabaseCollector(
             app, app.metrics_settings.cache_seconds if cache_seconds is None else cache_seconds
         )
         r.register(self.database)
         self._outcome_children: dict[tuple[str, str, str], Any] = {}
-        self._run_children: dict[tuple[str, str], tuple[Any, Any]] = {}
-        self._abandoned = threading.local()  # the job whose job_aborted follows job_abandoned
-        self._receivers: list[tuple[Any, Callable[..., None]]] = [
-            (signals.job_succeeded, self._succeeded),
-            (signals.job_failed, self._failed),
-            (signals.job_abandoned, self._abandoned_job),
-            (signals.job_aborted, self._aborted),
-            (signals.job_dispatched, self._dispatched),
-        ]
-        for signal, receiver in self._receivers:
-            signal.connect(receiver)  # bound methods: weak, gone with this object
+        self._run_series: dict[tuple[str, str], _RunSeries] = {}
+        # Outcomes come from the app's runners after each commit, one call per batch; the
+        # lateness from the worker's tick reports (no signal receiver per job or dispatch).
+        self._hook = self._recorded  # the one bound method, so close() can remove it
+        app._recorded_hooks.append(self._hook)
         self.known_handlers()
 
     def known_handlers(self) -> None:
@@ -296,59 +390,45 @@ class Metrics:
                 self.jobs.labels(name, handler.queue if handler else "default", outcome)
 
     def close(self) -> None:
-        for signal, receiver in self._receivers:
-            signal.disconnect(receiver)
+        with contextlib.suppress(ValueError):
+            self.app._recorded_hooks.remove(self._hook)
 
     # -- events -----------------------------------------------------------------------
     # labels() takes a lock and builds a key on every call: the children are kept at hand.
     # (Plain dict reads and writes are atomic; two threads making one child get the same one.)
-    def _count(self, job: Job | None, outcome: str) -> None:
-        if job is not None:
+    def _recorded(self, committed: list[tuple[Job, str]]) -> None:
+        """A batch of outcomes committed: the outcome counter, one ``inc`` per label set."""
+        counts: dict[tuple[str, str, str], int] = {}
+        for job, outcome in committed:
             key = (job.handler, job.queue, outcome)
+            counts[key] = counts.get(key, 0) + 1
+        for key, n in counts.items():
             child = self._outcome_children.get(key)
             if child is None:
                 child = self._outcome_children[key] = self.jobs.labels(*key)
-            child.inc()
-
-    def _succeeded(self, _sender: str, *, job: Job | None = None, **_kw: Any) -> None:
-        self._count(job, "succeeded")
-
-    def _failed(self, _sender: str, *, job: Job | None = None, **_kw: Any) -> None:
-        self._count(job, "failed")
-
-    def _abandoned_job(self, _sender: str, *, job: Job | None = None, **_kw: Any) -> None:
-        self._abandoned.job_id = job.id if job is not None else None
-        self._count(job, "abandoned")
-
-    def _aborted(self, _sender: str, *, job: Job | None = None, **_kw: Any) -> None:
-        # An abandoned job is also sent job_aborted, right after, in the same thread: one
-        # attempt, one outcome.
-        if job is not None and getattr(self._abandoned, "job_id", None) == job.id:
-            self._abandoned.job_id = None
-            return
-        self._count(job, "aborted")
-
-    def _dispatched(self, _sender: str, *, slot: datetime | None = None, **_kw: Any) -> None:
-        if slot is not None:
-            self.lateness.observe(max((self.app.clock() - slot).total_seconds(), 0.0))
+            child.inc(n)
 
     def ticked(self, seconds: float, report: TickReport) -> None:
+        """One tick of the worker's took ``seconds``: its time, its decisions, and the
+        lateness of each fresh dispatch (from its nominal slot to now, just after its
+        commit)."""
         self.tick_duration.observe(seconds)
-        for decision, names in report.as_dict().items():
+        if report.dispatched_slots:
+            now, observe = self.app.clock(), self.lateness.observe
+            for slot in report.dispatched_slots:
+                observe(max((now - slot).total_seconds(), 0.0))
+        for decision, child in self._decision_children:
+            names = getattr(report, decision)
             if names:
-                self.decisions.labels(decision).inc(len(names))
+                child.inc(len(names))
 
     def ran(self, job: Job, started: datetime, seconds: float) -> None:
         """One attempt's handler ran for ``seconds``, started at ``started`` (wall clock)."""
         key = (job.handler, job.queue)
-        children = self._run_children.get(key)
-        if children is None:
-            children = self._run_children[key] = (
-                self.duration.labels(*key),
-                self.queue_wait.labels(*key),
-            )
-        children[0].observe(seconds)
-        children[1].observe(max((started - job.run_at).total_seconds(), 0.0))
+        series = self._run_series.get(key)
+        if series is None:
+            series = self._run_series[key] = self.run_times.series(*key)
+        series.observe(seconds, max((started - job.run_at).total_seconds(), 0.0))
 
 
 _made_lock = threading.Lock()
@@ -369,14 +449,80 @@ def asgi_app(app: Scheduler) -> Any:
     return make_asgi_app(registry=metrics_for(app).registry)
 
 
-def serve(app: Scheduler, port: int | None = None, host: str | None = None) -> Any:
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No line per scrape on stderr."""
+
+
+class MetricsServer:
+    """The HTTP server of :func:`serve`, on its own daemon thread; :meth:`shutdown` stops it
+    at once (and closes its socket).
+
+    Not ``prometheus_client.start_http_server``: its thread polls for a shutdown every half
+    second, so each worker stop (each ``run(once=True)`` round) waited up to 0.5 s on it. This
+    thread sleeps in ``select`` on the listening socket and on a wake-up socket pair: no
+    polling while idle, and a stop is seen immediately."""
+
+    def __init__(self, server: WSGIServer) -> None:
+        self.server = server
+        self.server_address = server.server_address
+        self.server_port: int = server.server_port
+        server.timeout = 0.5  # a connection gone before accept() must not block the thread
+        self._wake, self._woken = socket.socketpair()
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="scheduler-metrics", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.server, selectors.EVENT_READ, "request")
+            selector.register(self._woken, selectors.EVENT_READ, "stop")
+            while True:
+                for key, _events in selector.select():
+                    if key.data == "stop":
+                        return
+                    self.server.handle_request()  # readable: accepts at once, handler thread
+
+    def shutdown(self) -> None:
+        """Stop serving (waits for the thread, not for scrapes in flight) and close."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake.send(b"x")
+        self._thread.join()
+        self.server.server_close()
+        self._wake.close()
+        self._woken.close()
+
+    def server_close(self) -> None:
+        """The same as :meth:`shutdown` (the name ``socketserver`` servers have)."""
+        self.shutdown()
+
+
+def serve(app: Scheduler, port: int | None = None, host: str | None = None) -> MetricsServer:
     """Serve ``app``'s metrics at ``http://host:port/metrics`` from a daemon thread; returns
-    the HTTP server (``shutdown()`` stops it)."""
+    the server (``shutdown()`` stops it)."""
     metrics = metrics_for(app)
     settings = app.metrics_settings
     chosen_port = settings.port if port is None else port
     chosen_host = settings.host if host is None else host
-    server, _thread = start_http_server(chosen_port, addr=chosen_host, registry=metrics.registry)
+    family, _, _, _, address = socket.getaddrinfo(
+        chosen_host, chosen_port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+
+    class Server(socketserver.ThreadingMixIn, WSGIServer):
+        daemon_threads = True  # a scrape in flight never holds the process up
+        address_family = family
+
+    server = MetricsServer(
+        make_server(
+            str(address[0]),
+            chosen_port,
+            make_wsgi_app(metrics.registry),
+            Server,
+            handler_class=_QuietHandler,
+        )
+    )
     log.info(
         "metrics at http://%s:%s/metrics",
         chosen_host,

@@ -409,3 +409,158 @@ def test_the_run_policies_decisions_are_counted(tmp_path: Path) -> None:
     finally:
         metrics.close()
         app.close()
+
+
+def test_serve_stops_at_once_and_frees_its_port(tmp_path: Path) -> None:
+    """``serve()``'s server answers over HTTP; ``shutdown()`` ends its thread and closes its
+    socket before it returns (a worker's stop does not wait on a poll), so the port can be
+    bound again right away; a second ``shutdown()`` does nothing."""
+    import threading
+
+    from scheduler.metrics import serve
+
+    app = Scheduler(f"sqlite:///{tmp_path}/m.db", registry=Registry())
+    app.migrate()
+    app.enqueue("h", {})
+    port = free_port()
+    server = serve(app, port=port, host="127.0.0.1")
+    try:
+        assert server.server_port == port
+        samples = scrape(port)
+        assert value(samples, "scheduler_jobs_by_state", state="queued", queue="default") == 1
+        assert any(t.name == "scheduler-metrics" for t in threading.enumerate())
+    finally:
+        server.shutdown()
+    assert not any(t.name == "scheduler-metrics" for t in threading.enumerate())
+    with socket.socket() as again:
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as any server binds
+        again.bind(("127.0.0.1", port))
+        again.listen()
+    with pytest.raises(OSError):
+        scrape(port)
+    server.shutdown()
+    metrics = getattr(app, "_metrics")  # noqa: B009 - kept on the app by metrics_for
+    metrics.close()
+    app.close()
+
+
+def test_outcomes_are_counted_per_app_once_committed(tmp_path: Path) -> None:
+    """The outcome counter is fed by the app's own runners after each commit: two apps in one
+    process each count only their own jobs, and an abandoned attempt counts once, as
+    ``abandoned`` (not also as ``aborted``)."""
+    apps = []
+    for name in ("a", "b"):
+        registry = Registry()
+        registry.handler("h.ok", retry_safe=True)(lambda job: None)
+        registry.handler("h.fail", max_attempts=2, retry_safe=True)(
+            lambda job: (_ for _ in ()).throw(RuntimeError("again"))
+        )
+        registry.handler("h.once")(lambda job: (_ for _ in ()).throw(RuntimeError("x")))
+        app = Scheduler(f"sqlite:///{tmp_path}/{name}.db", registry=registry)
+        app.migrate()
+        apps.append(app)
+    a, b = apps
+    metrics_a, metrics_b = Metrics(a, cache_seconds=60), Metrics(b, cache_seconds=60)
+    try:
+        for _ in range(3):
+            a.enqueue("h.ok", {})
+        a.enqueue("h.fail", {})
+        a.enqueue("h.once", {})
+        b.enqueue("h.ok", {})
+        assert a.work() == 5  # 3 ok, h.fail's first attempt (its retry waits), h.once
+        assert b.work() == 1
+        sa = parse(generate_latest(metrics_a.registry).decode())
+        sb = parse(generate_latest(metrics_b.registry).decode())
+
+        def jobs(s: Samples, handler: str, outcome: str) -> float | None:
+            return value(
+                s, "scheduler_jobs_total", handler=handler, queue="default", outcome=outcome
+            )
+
+        assert jobs(sa, "h.ok", "succeeded") == 3
+        assert jobs(sb, "h.ok", "succeeded") == 1
+        assert jobs(sa, "h.fail", "failed") == 1
+        assert jobs(sa, "h.once", "abandoned") == 1
+        assert jobs(sa, "h.once", "aborted") == 0  # one attempt, one outcome
+        assert jobs(sb, "h.fail", "failed") == 0
+    finally:
+        metrics_a.close()
+        metrics_b.close()
+        for app in apps:
+            app.close()
+
+
+def test_run_time_histograms_read_as_prometheus_client_writes_them(tmp_path: Path) -> None:
+    """The run-time and queue-wait histograms (our own collector, one lock per attempt) come
+    out as a ``prometheus_client`` Histogram with the same buckets would: the same ``le``
+    labels, cumulative counts, ``+Inf`` equal to ``_count``, and the sum."""
+    from datetime import timedelta
+
+    from prometheus_client import CollectorRegistry, Histogram
+    from prometheus_client.utils import floatToGoString
+
+    from scheduler.metrics import JOB_BUCKETS, WAIT_BUCKETS, le
+
+    assert [le(b) for b in (*JOB_BUCKETS, *WAIT_BUCKETS, float("inf"))] == [
+        floatToGoString(b) for b in (*JOB_BUCKETS, *WAIT_BUCKETS, float("inf"))
+    ]
+    app = Scheduler(f"sqlite:///{tmp_path}/m.db", registry=Registry())
+    app.migrate()
+    job = app.get_job(app.enqueue("h", {}))
+    assert job is not None
+    metrics = Metrics(app, cache_seconds=60)
+    reference = CollectorRegistry()
+    ran = Histogram("ref_ran", "", buckets=JOB_BUCKETS, registry=reference)
+    waited = Histogram("ref_wait", "", buckets=WAIT_BUCKETS, registry=reference)
+    try:
+        for seconds, wait in [(0.001, 0.0), (0.01, 0.05), (0.7, 3.0), (4000.0, 5000.0), (1, 1)]:
+            metrics.ran(job, job.run_at + timedelta(seconds=wait), seconds)
+            ran.observe(seconds)
+            waited.observe(wait)
+        ours = parse(generate_latest(metrics.registry).decode())
+        theirs = parse(generate_latest(reference).decode())
+        for name, ref in [
+            ("scheduler_job_duration_seconds", "ref_ran"),
+            ("scheduler_job_queue_wait_seconds", "ref_wait"),
+        ]:
+            labels = {"handler": "h", "queue": "default"}
+            mine = {dict(key).get("le"): v for (n, key), v in ours.items() if n == f"{name}_bucket"}
+            reference_buckets = {
+                dict(key).get("le"): v for (n, key), v in theirs.items() if n == f"{ref}_bucket"
+            }
+            assert mine == reference_buckets
+            assert value(ours, f"{name}_count", **labels) == 5
+            assert value(ours, f"{name}_sum", **labels) == value(theirs, f"{ref}_sum")
+    finally:
+        metrics.close()
+        app.close()
+
+
+def test_every_tick_outcome_has_a_decision_series() -> None:
+    """The decision counter reads the TickReport's lists by these names: one per outcome."""
+    from scheduler._tick.report import Outcome
+    from scheduler.metrics import DECISIONS
+
+    assert sorted(DECISIONS) == sorted(o.value for o in Outcome)
+
+
+def test_tick_histograms_read_as_prometheus_client_writes_them() -> None:
+    """The tick's unlabelled histograms (tick time, lateness) against a ``prometheus_client``
+    Histogram fed the same values: the same buckets, count and sum."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from scheduler.metrics import LATENESS_BUCKETS, TICK_BUCKETS, TickHistogram
+
+    for bounds in (TICK_BUCKETS, LATENESS_BUCKETS):
+        ours, theirs = CollectorRegistry(), CollectorRegistry()
+        mine = TickHistogram("x_seconds", "x", bounds)
+        ours.register(mine)
+        reference = Histogram("x_seconds", "x", buckets=bounds, registry=theirs)
+        for v in (0.0, 0.0004, 0.001, 0.003, 0.3, 7.0, 299.0, 301.0, 1e6):
+            mine.observe(v)
+            reference.observe(v)
+        a = parse(generate_latest(ours).decode())
+        b = parse(generate_latest(theirs).decode())
+        assert {k: v for k, v in a.items() if k[0] != "x_seconds_created"} == {
+            k: v for k, v in b.items() if k[0] != "x_seconds_created"
+        }

@@ -31,6 +31,7 @@ import functools
 import logging
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -190,15 +191,26 @@ def _log(
         _decisions.write(conn, log_params(row, decision, work, job_id))
 
 
+@dataclass(frozen=True, slots=True)
+class SendDispatched:
+    """What follows a fresh dispatch's commit: the ``job_dispatched`` signal. Its nominal
+    ``slot`` is also read by the tick, for its report (the lateness metric)."""
+
+    row: str
+    job_id: int
+    slot: datetime
+
+    def __call__(self, _conn: Connection) -> None:
+        signals.send(
+            signals.job_dispatched, self.row, row=self.row, job_id=self.job_id, slot=self.slot
+        )
+
+
 def dispatched(row: DueRow, job_id: int, slot: datetime | None = None) -> Done:
     """A fresh dispatch that committed: the ``job_dispatched`` signal follows (with the
     nominal `slot`, before jitter; the row's ``next_run_at`` when not given)."""
-    return Outcome.DISPATCHED, lambda _conn: signals.send(
-        signals.job_dispatched,
-        row.name,
-        row=row.name,
-        job_id=job_id,
-        slot=row.next_run_at if slot is None else slot,
+    return Outcome.DISPATCHED, SendDispatched(
+        row.name, job_id, row.next_run_at if slot is None else slot
     )
 
 

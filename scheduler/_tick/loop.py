@@ -29,6 +29,7 @@ from sqlalchemy import Connection
 
 from .. import _cron
 from .._dispatch import Carried, Decided, Dispatcher, JobDefaults, Work, dispatcher_for
+from .._dispatch.portable import SendDispatched
 from .._store import Store
 from .decide import decide
 from .due import DueRow, Position, due, last_id
@@ -196,6 +197,8 @@ def _settle(conn: Connection, rows: list[DueRow], carried: Carried, report: Tick
                 extra={"action": f"row_{outcome}", "row": row.name},
             )
         if after_commit is not None:
+            if isinstance(after_commit, SendDispatched):
+                report.dispatched_slots.append(after_commit.slot)
             after_commit(conn)
     if carried.failures:
         raise carried.failures[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 
 
@@ -43,6 +44,9 @@ class TickReport:
     skipped_overlap: list[str] = field(default_factory=list)
     missed: list[str] = field(default_factory=list)
     locked: list[str] = field(default_factory=list)
+    dispatched_slots: list[datetime] = field(default_factory=list, repr=False, compare=False)
+    """The nominal slot (before jitter) of each row in `dispatched`, in the same order: the
+    lateness metric reads them, with no signal receiver per dispatch."""
 
     def add(self, outcome: str, name: str) -> None:
         getattr(self, outcome).append(name)
