@@ -8,19 +8,23 @@ on SQLite, ``generate_series`` on PostgreSQL), not through the API: each task ge
 jobs/tasks jobs, each job one run, and each task as many decisions. Then ``app.explain(name)``
 runs for ``--calls`` random task names; the table shows the median and 95th percentile wall
 time, the client CPU per call and the SQL statements per call. SQLite lives in a temporary
-folder; PostgreSQL in its own database ``bench_explain`` (``--pg URL`` names the server's
-maintenance database), created and dropped by the script.
+folder; PostgreSQL in its own database ``bench_explain`` (plus ``SCHEDULER_BENCH_SUFFIX``;
+``--pg URL`` names the server's maintenance database), created and dropped by the script.
+With ``--purge S``, the decision log's purge of its entries older than the first S seconds of
+the data set (an entry a second) follows: its time and statements (revision 0006: the range
+is found by bisection on the primary key, there is no index on the entries' time).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import create_engine, event, text
@@ -99,6 +103,28 @@ def _measure(app: Scheduler, tasks: int, calls: int) -> tuple[float, float, floa
     )
 
 
+def _purge(app: Scheduler, seconds: int) -> tuple[float, int, int]:
+    """The decision log's purge of the entries older than T0 + `seconds` (one per second of
+    the data set): (milliseconds, statements, entries deleted), in one transaction."""
+    from scheduler._store import decisions
+
+    counted: list[str] = []
+
+    def count(*args: object) -> None:
+        counted.append(str(args[2]))
+
+    cut = datetime.fromisoformat(T0).replace(tzinfo=UTC) + timedelta(seconds=seconds)
+    event.listen(app.store.engine, "before_cursor_execute", count)
+    try:
+        began = time.perf_counter()
+        with app.store.begin() as conn:
+            deleted = decisions.purge(conn, before=cut)
+        elapsed = (time.perf_counter() - began) * 1e3
+    finally:
+        event.remove(app.store.engine, "before_cursor_execute", count)
+    return elapsed, len(counted), deleted
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", type=int, default=10_000)
@@ -107,9 +133,19 @@ def main() -> None:
     parser.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
     parser.add_argument("--no-pg", action="store_true")
     parser.add_argument("--no-sqlite", action="store_true")
+    parser.add_argument(
+        "--purge",
+        type=int,
+        default=0,
+        metavar="S",
+        help="then purge the decisions older than the first S seconds of the data set (one"
+        " entry a second), and print its time and statements",
+    )
     args = parser.parse_args()
     random.seed(13)
     results = []
+    purges = []
+    database = "bench_explain" + os.environ.get("SCHEDULER_BENCH_SUFFIX", "")
     with tempfile.TemporaryDirectory() as folder:
         targets = []
         if not args.no_sqlite:
@@ -117,9 +153,9 @@ def main() -> None:
         if not args.no_pg:
             admin = create_engine(args.pg, isolation_level="AUTOCOMMIT")
             with admin.connect() as conn:
-                conn.execute(text("DROP DATABASE IF EXISTS bench_explain"))
-                conn.execute(text("CREATE DATABASE bench_explain"))
-            url = args.pg.rsplit("/", 1)[0] + "/bench_explain"
+                conn.execute(text(f"DROP DATABASE IF EXISTS {database}"))
+                conn.execute(text(f"CREATE DATABASE {database}"))
+            url = args.pg.rsplit("/", 1)[0] + f"/{database}"
             targets.append(("PostgreSQL", url, admin))
         for label, url, admin in targets:
             app = Scheduler(url, clock=lambda: datetime(2030, 1, 2, tzinfo=UTC))
@@ -129,11 +165,13 @@ def main() -> None:
                 _fill(app, args.tasks, args.jobs)
                 print(f"{label}: loaded in {time.perf_counter() - began:.0f} s", file=sys.stderr)
                 results.append((label, *_measure(app, args.tasks, args.calls)))
+                if args.purge:
+                    purges.append((label, *_purge(app, args.purge)))
             finally:
                 app.close()
                 if admin is not None:
                     with admin.connect() as conn:
-                        conn.execute(text("DROP DATABASE IF EXISTS bench_explain"))
+                        conn.execute(text(f"DROP DATABASE IF EXISTS {database}"))
                     admin.dispose()
     print(
         f"explain at {args.tasks:,} tasks / {args.jobs:,} jobs (a run and a decision each),"
@@ -143,6 +181,12 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for label, median, p95, cpu, statements in results:
         print(f"| {label} | {median:.1f} ms | {p95:.1f} ms | {cpu:.1f} ms | {statements:g} |")
+    if purges:
+        print(f"\nthe decision log's purge of its first {args.purge:,} entries\n")
+        print("| engine | time | statements | deleted |")
+        print("|---|---|---|---|")
+        for label, ms, statements, deleted in purges:
+            print(f"| {label} | {ms:.0f} ms | {statements} | {deleted:,} |")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,10 @@ difference of two REPS counts, divided by their difference, is one idle tick.
 A fourth argument ``metrics`` turns Prometheus metrics on as a worker has them (issue 15):
 the app's ``Metrics`` exists (its lateness receiver and outcome hook) and each tick is told
 to it, as ``Worker._tick`` does; compare with the same run without it.
+
+Set ``PYTHONHASHSEED`` (the same for both checkouts): with a random one, the count of the same
+code moves by several per cent from run to run (the dicts' collisions); with a fixed one, by
+about 0.5 %. docs/performance.md §12 gives the mean over seeds 0 to 3.
 """
 
 from __future__ import annotations

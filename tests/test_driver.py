@@ -63,6 +63,52 @@ def test_values_go_through_the_column_types_and_events_fire(app: Scheduler) -> N
     assert len(found) == 1
 
 
+def test_a_shared_cursor_and_listeners_taken_once_run_and_report_alike(app: Scheduler) -> None:
+    """Two statements on one cursor with the listeners taken once (a fresh dispatch's way):
+    both rows written, each statement seen before and after with its own arguments, as
+    without; a listener added after the snapshot is not called for them."""
+    from scheduler._store.driver import cursor_events
+
+    seen: list[tuple[str, str, Any]] = []
+
+    def before(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_rest: Any) -> None:
+        seen.append(("before", statement, parameters))
+
+    def after(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_rest: Any) -> None:
+        seen.append(("after", statement, parameters))
+
+    def late(*_args: Any) -> None:
+        seen.append(("late", "", None))
+
+    engine = app.store.engine
+    prepared = PreparedSet(lambda _dialect: INSERT, Prepared)
+    event.listen(engine, "before_cursor_execute", before)
+    event.listen(engine, "after_cursor_execute", after)
+    try:
+        with engine.connect() as conn, conn.begin():
+            statement = prepared.on(conn)
+            events = cursor_events(conn)
+            event.listen(engine, "before_cursor_execute", late)
+            cursor = statement.run(conn, VALUES, None, events)
+            assert statement.run(conn, {**VALUES, "p_attempts": 2}, cursor, events) is cursor
+            expected = [
+                statement.arguments(VALUES),
+                statement.arguments({**VALUES, "p_attempts": 2}),
+            ]
+    finally:
+        for name, fn in (("before", before), ("after", after), ("before", late)):
+            event.remove(engine, f"{name}_cursor_execute", fn)
+    assert [(when, args) for when, _sql, args in seen] == [
+        ("before", expected[0]),
+        ("after", expected[0]),
+        ("before", expected[1]),
+        ("after", expected[1]),
+    ]
+    with app.store.read() as conn:
+        attempts = conn.execute(select(jobs.c.max_attempts).order_by(jobs.c.id)).scalars()
+        assert list(attempts) == [1, 2]
+
+
 def test_driver_errors_are_sqlalchemys_and_the_connection_recovers(app: Scheduler) -> None:
     prepared = PreparedSet(lambda _dialect: INSERT, Prepared)
     with app.store.engine.connect() as conn:

@@ -552,3 +552,50 @@ def test_0005_keeps_rows_and_jobs_and_maps_concurrent_to_overlap_allow(app: Sche
     assert not {"scheduler_decisions", "scheduler_audit"} & tables(engine)
     app.migrate()
     assert schema_diff(engine) == []
+
+
+# -- revision 0006: the decision log without its index on decided_at --------------------------
+def _decision_indexes(engine: Engine) -> set[str]:
+    return {i["name"] for i in inspect(engine).get_indexes("scheduler_decisions") if i["name"]}
+
+
+def test_0006_drops_the_decision_time_index_and_keeps_the_entries(app: Scheduler):
+    """Up from 0005 with entries, down again, up again: the entries kept every time, the
+    index on ``decided_at`` gone at 0006 and back at 0005, (task, id) there throughout."""
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import select
+
+    from scheduler._store import decisions as _decisions
+    from scheduler._store.tables import decisions
+
+    engine = app.store.engine
+    app.migrate()
+    downgrade(app.store, "0005")
+    assert _decision_indexes(engine) == {"ix_scheduler_decisions_task", "ix_scheduler_decisions_at"}
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    with app.store.begin() as conn:
+        _decisions.write(
+            conn,
+            [
+                _decisions.entry_params(f"t{i}", "dispatched", now, now + timedelta(seconds=i), i)
+                for i in range(3)
+            ],
+        )
+
+    def entries() -> list[tuple[Any, ...]]:
+        with app.store.read() as conn:
+            return [tuple(r) for r in conn.execute(select(decisions).order_by(decisions.c.id))]
+
+    before = entries()
+    assert len(before) == 3
+    app.migrate("0006")
+    assert current_revision(app.store) == "0006"
+    assert _decision_indexes(engine) == {"ix_scheduler_decisions_task"}
+    assert entries() == before
+    downgrade(app.store, "0005")
+    assert "ix_scheduler_decisions_at" in _decision_indexes(engine)
+    assert entries() == before
+    app.migrate()
+    assert entries() == before
+    assert schema_diff(engine) == []

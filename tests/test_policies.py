@@ -135,6 +135,17 @@ def test_overlap_allow_and_its_alias_concurrent(sched: Scheduler) -> None:
     report = sched.tick(now=slot(2))  # both jobs still queued: a second one beside each
     assert sorted(report.dispatched) == ["a", "c"]
     assert [d for d, *_ in log(sched, "a")] == ["dispatched", "dispatched"]
+    first = log(sched, "a")[0][2]
+    with sched.store.read() as conn:  # the second names the job it runs beside (on PostgreSQL
+        details = conn.execute(  # the one-statement dispatch writes it)
+            select(decisions.c.detail, decisions.c.reason)
+            .where(decisions.c.task_name == "a")
+            .order_by(decisions.c.id)
+        ).all()
+    assert [tuple(d) for d in details] == [
+        (None, None),
+        (f"beside job {first} (queued): overlap allow", None),
+    ]
     # overlap = "allow" without concurrent and concurrent = true without overlap sync alike
     assert sched.sync([spec("a", overlap="allow"), spec("c", concurrent=True)]).update == []
 
@@ -270,6 +281,7 @@ def test_enable_logs_the_slots_passed_while_paused(sched: Scheduler) -> None:
     with capture_signals(signals.slot_skipped) as sent:
         assert sched.enable("r") is True
     assert [(d, s) for d, s, _j, _r in log(sched, "r")] == [
+        ("disabled", slot(1)),
         ("paused", slot(1)),
         ("paused", slot(2)),
         ("paused", slot(3)),
@@ -278,6 +290,23 @@ def test_enable_logs_the_slots_passed_while_paused(sched: Scheduler) -> None:
         (slot(n), "paused") for n in (1, 2, 3)
     ]
     assert the_row(sched, "r").next_run_at == slot(4)
+
+
+def test_a_manual_disable_is_logged_once_and_explain_shows_it(sched: Scheduler) -> None:
+    sched.sync([spec("r", jitter=30)])
+    nominal = slot(1)
+    assert the_row(sched, "r").next_run_at != nominal  # jittered: the entry has the nominal slot
+    sched.disable("r", reason="db maintenance")
+    assert log(sched, "r") == [("disabled", nominal, None, "manual")]
+    sched.disable("r", reason="still down")  # disabled already: no second decision
+    assert log(sched, "r") == [("disabled", nominal, None, "manual")]
+    [entry] = sched.explain("r")["decisions"]
+    assert (entry["decision"], entry["reason"], entry["detail"]) == (
+        "disabled",
+        "manual",
+        "db maintenance",
+    )
+    assert sched.tick(now=slot(2)).dispatched == []
 
 
 def test_trigger_is_logged_then_dispatched(sched: Scheduler) -> None:
@@ -350,6 +379,23 @@ def test_the_log_is_purged_with_the_jobs_retention(sched: Scheduler) -> None:
     assert len(log(sched, "r")) == 1
     at(sched, slot(1) + timedelta(days=days, seconds=1))
     sched.purge()
+    assert log(sched, "r") == []
+
+
+def test_the_purge_finds_its_range_by_id_and_never_drops_a_newer_entry(sched: Scheduler) -> None:
+    from scheduler._store import decisions as _decisions
+
+    cut = T0 + timedelta(days=10)
+    old, new = cut - timedelta(seconds=1), cut
+    with sched.store.begin() as conn:
+        assert _decisions.purge(conn, before=cut) == 0  # an empty log
+        # In id order: two old, a new one, an old one out of order (a clock set back), a new.
+        for n, decided_at in enumerate((old, old, new, old, new)):
+            _decisions.record(conn, "r", "missed", slot(n), decided_at)
+        assert _decisions.purge(conn, before=cut) == 2
+    assert [s for _d, s, _j, _r in log(sched, "r")] == [slot(2), slot(3), slot(4)]
+    with sched.store.begin() as conn:
+        assert _decisions.purge(conn, before=cut + timedelta(days=1)) == 3  # all older now
     assert log(sched, "r") == []
 
 

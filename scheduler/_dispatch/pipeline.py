@@ -16,8 +16,9 @@ server types them. Each value goes through its column type's bind processor firs
 ``Connection.execute``. The statement is prepared once per connection (kept in the pooled
 connection's ``info``), unless the connection was made with ``prepare_threshold=None`` (as
 behind PgBouncer in transaction mode). Cursor events fire for every execution, so statement
-counters see them. A driver error comes back as SQLAlchemy's exception for that parameter set
-(a lost connection is invalidated); the other sets still run on the other connections.
+counters see them (each connection's listeners are taken once per run). A driver error comes
+back as SQLAlchemy's exception for that parameter set (a lost connection is invalidated); the
+other sets still run on the other connections.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any, Final
 from sqlalchemy import Connection, Dialect
 from sqlalchemy.sql import ClauseElement
 
-from .._store.driver import Prepared, after_cursor, before_cursor, driver_error, with_paramstyle
+from .._store.driver import Prepared, cursor_events, driver_error, with_paramstyle
 
 
 class _Unsent:
@@ -160,6 +161,7 @@ class _Lane:
         self.prepared = driver.prepare_threshold is not None
         self.socket = -1
         self.cursor = conn.connection.cursor()  # for the cursor events' signature
+        self.events = cursor_events(conn)  # once per run: a lookup per execution costs more
         self.usable = True
         self.busy = False
         self.index = -1
@@ -198,7 +200,8 @@ class _Lane:
         spread, conn = self.spread, self.conn
         self.index = index
         self.args = spread.arguments(params)
-        before_cursor(conn, self.cursor, spread.sql, self.args)
+        for listener in self.events[0]:
+            listener(conn, self.cursor, spread.sql, self.args, None, False)
         self.retried = False
         self._transmit()
 
@@ -247,7 +250,8 @@ class _Lane:
         if isinstance(outcome, BaseException):
             self.usable = not self.conn.invalidated
         else:
-            after_cursor(self.conn, self.cursor, self.spread.sql, self.args)
+            for listener in self.events[1]:
+                listener(self.conn, self.cursor, self.spread.sql, self.args, None, False)
         return True
 
     def error(self, result: Any) -> BaseException:

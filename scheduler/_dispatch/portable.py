@@ -16,10 +16,12 @@ the row since the due query read it, and the row's transaction rolls back (``los
 Each decision's log entries (``Decision.log``: ``dispatched``, ``held_back``, ``coalesced`` ...)
 are INSERTed into ``scheduler_decisions`` in the same transaction (``_store/decisions.py``).
 
-A fresh dispatch, the tick's hot path, runs its two statements on the driver's cursor
-(``_store/driver.py``). With more than one connection configured (not on SQLite, which has one
-writer at a time), a batch's rows are taken in due order by several connections on helper
-threads.
+A fresh dispatch, the tick's hot path, runs its three statements (the job's INSERT, the row's
+swap, its ``dispatched`` entry) on one cursor of the driver's (``_store/driver.py``), with the
+connection's cursor listeners taken once per batch; the entry takes its four values from the
+dispatch's own parameters (:data:`DISPATCHED_ENTRY`). With more than one connection configured
+(not on SQLite, which has one writer at a time), a batch's rows are taken in due order by
+several connections on helper threads.
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ from .._store import Store
 from .._store import decisions as _decisions
 from .._store import jobs as _jobs
 from .._store import locks as _locks
-from .._store.driver import Prepared, PreparedSet
-from .._store.tables import JobState, jobs, rows
-from .._tick.decide import Action, Decision, Logged
+from .._store.driver import CursorEvents, Prepared, PreparedSet, cursor_events
+from .._store.tables import JobState, decisions, jobs, rows
+from .._tick.decide import Action, Decision, Entry, Logged
 from .._tick.due import DueRow
 from .._tick.report import Outcome
 from . import Carried, Decided, Done, Work
@@ -112,6 +114,18 @@ _RESET_JOB = _jobs.by_id(  # through the primary key on MariaDB/MySQL (see _jobs
     )
 )
 
+# A fresh dispatch's own entry (``dispatched``, no reason, no detail: the tick's hot path) takes
+# its values from the dispatch's parameters: the job's task and slot, the tick's now, the job id.
+# It runs on the cursor of the dispatch's other statements, with four parameters, none new.
+DISPATCHED_ENTRY = {
+    "task_name": JOB_PARAMS["task_name"],
+    "slot": JOB_PARAMS["slot"],
+    "decided_at": _P("p_now", type_=decisions.c.decided_at.type),
+    "decision": literal_column(f"'{Logged.DISPATCHED.value}'"),
+    "job_id": _P("r_job_id", type_=decisions.c.job_id.type),
+}
+_LOG_DISPATCHED = PreparedSet(lambda _dialect: insert(decisions).values(DISPATCHED_ENTRY), Prepared)
+
 # Fewer rows than this per connection are not worth a checkout.
 ROWS_PER_CONNECTION = 2
 
@@ -150,9 +164,14 @@ def fresh_params(row: DueRow, decision: Decision, work: Work) -> dict[str, Any]:
 
 
 def log_params(
-    row: DueRow, decision: Decision, work: Work, job_id: int | None
+    row: DueRow,
+    decision: Decision,
+    work: Work,
+    job_id: int | None,
+    entries: Sequence[Entry] | None = None,
 ) -> list[dict[str, Any]]:
-    """The parameters of the decision's log entries; `job_id`: the job it created, if any."""
+    """The parameters of the decision's log entries (or of `entries`, some of them); `job_id`:
+    the job it created, if any."""
     return [
         {
             "d_task_name": row.name,
@@ -163,7 +182,7 @@ def log_params(
             "d_reason": entry.reason,
             "d_detail": None if entry.detail is None else entry.detail[:500],
         }
-        for entry in decision.log
+        for entry in (decision.log if entries is None else entries)
     ]
 
 
@@ -279,14 +298,41 @@ def _rerun(conn: Connection, row: DueRow, decision: Decision, work: Work) -> Don
     )
 
 
-def _dispatch(conn: Connection, row: DueRow, decision: Decision, work: Work) -> Done:
+def plain_dispatched(entry: Entry, slot: datetime) -> bool:
+    """Whether `entry` is a fresh dispatch's own entry as :data:`DISPATCHED_ENTRY` writes it
+    (for the job's `slot`, with no reason and no detail)."""
+    return (
+        entry.decision is Logged.DISPATCHED
+        and entry.new_job
+        and entry.reason is None
+        and entry.detail is None
+        and entry.slot == slot
+    )
+
+
+def _dispatch(
+    conn: Connection,
+    row: DueRow,
+    decision: Decision,
+    work: Work,
+    events: CursorEvents | None = None,
+) -> Done:
+    """A fresh dispatch: the job's INSERT, the row's swap, the entries; `events`: the cursor
+    listeners of `conn`, taken once for the batch (else here, once for the row's statements)."""
     params = fresh_params(row, decision, work)
-    cursor = _INSERT_JOB.on(conn).run(conn, params)
+    if events is None:
+        events = cursor_events(conn)
+    cursor = _INSERT_JOB.on(conn).run(conn, params, None, events)
     job_id = int(cursor.fetchone()[0] if conn.dialect.name in _RETURNS_ID else cursor.lastrowid)
     params["r_job_id"] = job_id
-    if _POINT_ROW.on(conn).run(conn, params).rowcount != 1:
+    if _POINT_ROW.on(conn).run(conn, params, cursor, events).rowcount != 1:
         raise _Rollback(Outcome.LOST_RACE)
-    _log(conn, row, decision, work, job_id)
+    log = decision.log
+    if log and plain_dispatched(log[0], params["j_slot"]):
+        _LOG_DISPATCHED.on(conn).run(conn, params, cursor, events)
+        log = log[1:]
+    if log:
+        _decisions.write(conn, log_params(row, decision, work, job_id, log))
     return dispatched(row, job_id, decision.slot)
 
 
@@ -327,10 +373,18 @@ _WRITES = {
 }
 
 
-def carry_out_row(conn: Connection, row: DueRow, decision: Decision, work: Work) -> Done:
+def carry_out_row(
+    conn: Connection,
+    row: DueRow,
+    decision: Decision,
+    work: Work,
+    events: CursorEvents | None = None,
+) -> Done:
     """One decision in its own transaction on `conn` (a repeated hold back needs none). A row
     (or, for a rerun, its last job) that another transaction holds locked is passed over
-    (``locked``), not waited for (``_store/locks.py``)."""
+    (``locked``), not waited for (``_store/locks.py``). `events`: `conn`'s cursor listeners
+    (:func:`~scheduler._store.driver.cursor_events`), taken once for a batch's fresh
+    dispatches."""
     if not decision.writes:
         return Outcome.HELD_BACK, None
     write = _WRITES.get(decision.action)
@@ -341,6 +395,8 @@ def carry_out_row(conn: Connection, row: DueRow, decision: Decision, work: Work)
             job = row.last_job_id if decision.action is Action.RERUN else None
             if work.skip_locked and not _locks.take(conn, row.id, job):
                 raise _Rollback(Outcome.LOCKED)
+            if write is _dispatch:
+                return _dispatch(conn, row, decision, work, events)
             return write(conn, row, decision, work)
     except _Rollback as rolled_back:
         return rolled_back.outcome, None
@@ -369,9 +425,10 @@ class PortableDispatcher:
         if lanes > 1:
             return _parallel(store, conn, decided, lanes, work)
         carried = Carried()
+        events = cursor_events(conn)  # once for the batch: a lookup costs more than a statement
         for row, decision in decided:
             try:
-                done = carried.done[row.id] = carry_out_row(conn, row, decision, work)
+                done = carried.done[row.id] = carry_out_row(conn, row, decision, work, events)
             except BaseException as exc:  # the rows before it committed: report them
                 carried.failures.append(exc)
                 break
@@ -392,12 +449,13 @@ def _parallel(
     lost: list[int] = []  # a lost race stops every lane: the rest is likely stale too
 
     def lane(lane_conn: Connection) -> None:
+        events = cursor_events(lane_conn)
         while not lost:
             try:
                 row, decision = pending.popleft()
             except IndexError:
                 return
-            done = carried.done[row.id] = carry_out_row(lane_conn, row, decision, work)
+            done = carried.done[row.id] = carry_out_row(lane_conn, row, decision, work, events)
             if done[0] is Outcome.LOST_RACE:
                 lost.append(row.id)
 

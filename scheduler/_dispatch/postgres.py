@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
+    bindparam,
     case,
     exists,
     func,
@@ -44,6 +45,7 @@ from .._tick.report import Outcome
 from . import Carried, Decided, Work
 from .pipeline import UNSENT, Spread
 from .portable import (
+    DISPATCHED_ENTRY,
     JOB_COLUMNS,
     JOB_PARAMS,
     ROWS_PER_CONNECTION,
@@ -52,7 +54,6 @@ from .portable import (
     carry_out_row,
     dispatched,
     fresh_params,
-    log_params,
 )
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,15 @@ def build_dispatch(_dialect: str) -> ClauseElement:
         .returning(rows.c.last_job_id)
         .cte("swapped")
     )
-    entry = {**_decisions.PARAMS, "job_id": swapped.c.last_job_id}
+    # The entry takes the job's task and slot and the swap's now from the dispatch's own
+    # parameters (as the portable DISPATCHED_ENTRY does); only its detail is a parameter of its
+    # own (the job it runs beside, under overlap allow).
+    entry = {
+        **DISPATCHED_ENTRY,
+        "job_id": swapped.c.last_job_id,
+        "reason": null(),
+        "detail": bindparam("d_detail", type_=decisions.c.detail.type),
+    }
     logged = (
         insert(decisions)
         .from_select(list(_decisions.COLUMNS), select(*(entry[c] for c in _decisions.COLUMNS)))
@@ -94,20 +103,25 @@ def build_dispatch(_dialect: str) -> ClauseElement:
     return select(found).add_cte(logged)
 
 
-def _one_statement(decision: Decision) -> bool:
-    """A fresh dispatch whose only log entry is its ``dispatched`` one."""
+def _one_statement(row: DueRow, decision: Decision) -> bool:
+    """A fresh dispatch whose only log entry is its ``dispatched`` one (for the job's slot,
+    without a reason)."""
+    if decision.action is not Action.DISPATCH or len(decision.log) != 1:
+        return False
+    [entry] = decision.log
+    slot = decision.slot if decision.slot is not None else row.next_run_at
     return (
-        decision.action is Action.DISPATCH
-        and len(decision.log) == 1
-        and decision.log[0].decision is Logged.DISPATCHED
+        entry.decision is Logged.DISPATCHED
+        and entry.new_job
+        and entry.reason is None
+        and entry.slot == slot
     )
 
 
 def _params(row: DueRow, decision: Decision, work: Work) -> dict[str, Any]:
     params = fresh_params(row, decision, work)
-    [entry] = log_params(row, decision, work, None)
-    del entry["d_job_id"]  # the swap's new job id
-    params.update(entry)
+    detail = decision.log[0].detail
+    params["d_detail"] = None if detail is None else detail[:500]
     return params
 
 
@@ -124,7 +138,7 @@ class PostgresDispatcher:
         fresh: list[Decided] = []
         try:
             for row, decision in decided:
-                if _one_statement(decision):
+                if _one_statement(row, decision):
                     fresh.append((row, decision))
                 else:
                     carried.done[row.id] = carry_out_row(conn, row, decision, work)

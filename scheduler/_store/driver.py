@@ -73,6 +73,18 @@ def after_cursor(conn: Connection, cursor: Any, statement: str, arguments: Any) 
     _cursor_events(conn.dispatch.after_cursor_execute, conn, cursor, statement, arguments)
 
 
+CursorEvents = tuple[tuple[Callable[..., Any], ...], tuple[Callable[..., Any], ...]]
+"""A connection's ``before_cursor_execute`` and ``after_cursor_execute`` listeners."""
+
+
+def cursor_events(conn: Connection) -> CursorEvents:
+    """`conn`'s cursor listeners now: for the statements of one transaction, so that each does
+    not look them up again (a lookup costs more than a listener-less statement's own Python).
+    A listener added after this call is not called for them."""
+    dispatch = conn.dispatch
+    return tuple(dispatch.before_cursor_execute), tuple(dispatch.after_cursor_execute)
+
+
 def with_paramstyle(dialect: Dialect, paramstyle: str) -> Dialect:
     """A dialect of `dialect`'s class that writes SQL with another `paramstyle`."""
     make: Any = type(dialect)
@@ -104,7 +116,7 @@ T = TypeVar("T")
 class Prepared:
     """One statement compiled for one dialect, run on the cursor of a Connection."""
 
-    __slots__ = ("_dialect", "_names", "_positional", "_processors", "sql")
+    __slots__ = ("_dialect", "_names", "_positional", "_steps", "sql")
 
     def __init__(
         self, statement: ClauseElement, dialect: Dialect, *, compile_as: Dialect | None = None
@@ -123,31 +135,51 @@ class Prepared:
             self._names: tuple[str, ...] = tuple(compiled.positiontup or ())
         else:
             self._names = tuple(compiled.binds)
-        self._processors: dict[str, Callable[[Any], Any]] = {}
+        processors: dict[str, Callable[[Any], Any]] = {}
         for name, bind in compiled.binds.items():
             process = bind.type.dialect_impl(dialect).bind_processor(dialect)
             if process is not None:
-                self._processors[name] = _remember_last(process)
+                processors[name] = _remember_last(process)
+        # Per parameter, in the driver's order: its name and its processor (None: as it is).
+        self._steps = tuple((name, processors.get(name)) for name in self._names)
 
     def arguments(self, params: Mapping[str, Any]) -> Any:
         """The driver's arguments for `params`: each value through its column type."""
-        processors = self._processors
         values = [
-            processors[name](params[name]) if name in processors else params[name]
-            for name in self._names
+            params[name] if process is None else process(params[name])
+            for name, process in self._steps
         ]
         return tuple(values) if self._positional else dict(zip(self._names, values, strict=True))
 
-    def run(self, conn: Connection, params: Mapping[str, Any]) -> Any:
-        """Execute on `conn`'s current transaction; return the driver's cursor."""
+    def run(
+        self,
+        conn: Connection,
+        params: Mapping[str, Any],
+        cursor: Any = None,
+        events: CursorEvents | None = None,
+    ) -> Any:
+        """Execute on `conn`'s current transaction; return the driver's cursor (`cursor`, one
+        this transaction's earlier statement returned, is used again: a row's statements
+        share one). `events`: :func:`cursor_events` of `conn`, taken once for several
+        statements (else looked up for this one)."""
         arguments = self.arguments(params)
-        cursor = conn.connection.cursor()
-        before_cursor(conn, cursor, self.sql, arguments)
+        if cursor is None:
+            cursor = conn.connection.cursor()
+        sql = self.sql
+        if events is None:
+            before_cursor(conn, cursor, sql, arguments)
+        else:
+            for listener in events[0]:
+                listener(conn, cursor, sql, arguments, None, False)
         try:
-            cursor.execute(self.sql, arguments)
+            cursor.execute(sql, arguments)
         except self._dialect.loaded_dbapi.Error as exc:
-            raise driver_error(conn, self.sql, arguments, exc, cursor) from exc
-        after_cursor(conn, cursor, self.sql, arguments)
+            raise driver_error(conn, sql, arguments, exc, cursor) from exc
+        if events is None:
+            after_cursor(conn, cursor, sql, arguments)
+        else:
+            for listener in events[1]:
+                listener(conn, cursor, sql, arguments, None, False)
         return cursor
 
 

@@ -193,10 +193,20 @@ def disable(
     reason: str = REASON_MANUAL,
     note: str | None = None,
 ) -> None:
-    """Pause the row; ``note`` is the operator's reason (``disabled_note``, shown by status)."""
+    """Pause the row; ``note`` is the operator's reason (``disabled_note``, shown by status).
+    A ``disabled`` entry goes in the decision log (reason `reason`, detail the note), for the
+    slot the row was due at next (none for a row that was disabled already)."""
+    row = get_row(conn, name)
+    if row is None:
+        raise UnknownRow(f"no task named {name!r} (run `scheduler sync`?)")
     _write(
         conn, name, now, enabled=False, disabled_reason=reason, disabled_at=now, disabled_note=note
     )
+    if row.enabled:
+        slot = row.next_run_at
+        if slot is not None:
+            slot = _cron.slot_of(row.cron, row.timezone, row.name, slot, row.jitter)
+        _decisions.record(conn, name, "disabled", slot, now, reason=reason, detail=note)
 
 
 def trigger(conn: Connection, name: str, now: datetime) -> None:

@@ -186,9 +186,9 @@ decisions = Table(
     Column("reason", String(200)),
     Column("detail", String(500)),
     Index("ix_scheduler_decisions_task", "task_name", "id"),
-    Index("ix_scheduler_decisions_at", "decided_at"),
 )
-"""A row's decisions, one entry per slot and outcome (revision 0005)."""
+"""A row's decisions, one entry per slot and outcome (revision 0005; 0006 dropped its index on
+``decided_at``: the purge goes by id, ``_store/decisions.py``)."""
 
 audit = Table(
     "scheduler_audit",

@@ -162,7 +162,7 @@ def decide(
     served = row.next_run_at if slot is None else slot
     state = row.job_state
     failures = row.consecutive_failures
-    late = (now - row.next_run_at).total_seconds()
+    late = (now - row.next_run_at).total_seconds() if row.catchup_window else 0.0
     if row.catchup_window and late > row.catchup_window:
         detail = f"due {late:.0f} s ago, catch-up window {row.catchup_window} s"
         return _moving(

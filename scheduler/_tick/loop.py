@@ -216,6 +216,7 @@ def _settle(conn: Connection, rows: list[DueRow], carried: Carried, report: Tick
     """Report what was done (and send its signals) in due order, then raise the first failure:
     what committed is reported even when another row failed. Returns the races lost."""
     lost = 0
+    debug = log.isEnabledFor(logging.DEBUG)  # once per batch: the record's extra costs a dict
     for row in rows:
         done = carried.done.get(row.id)
         if done is None:
@@ -223,12 +224,13 @@ def _settle(conn: Connection, rows: list[DueRow], carried: Carried, report: Tick
         outcome, after_commit = done
         lost += outcome is Outcome.LOST_RACE
         report.add(outcome, row.name)
-        log.debug(
-            "tick: task %s %s",
-            row.name,
-            outcome,
-            extra={"action": f"row_{outcome}", "row": row.name},
-        )
+        if debug:
+            log.debug(
+                "tick: task %s %s",
+                row.name,
+                outcome,
+                extra={"action": f"row_{outcome}", "row": row.name},
+            )
         if after_commit is not None:
             if isinstance(after_commit, SendDispatched):
                 report.dispatched_slots.append(after_commit.slot)
