@@ -21,6 +21,7 @@ The task-filtered reads (run strips, a task's runs, the Jobs page by task) use t
 from __future__ import annotations
 
 import asyncio
+import gc
 import statistics
 import sys
 import time
@@ -190,6 +191,8 @@ def measure(
     app: Scheduler, reps: int, tasks: int, jobs: int, only: list[str] | None = None
 ) -> list[tuple[str, float, float, int]]:
     asgi = create_app(app, DashboardSettings())
+    gc.collect()
+    gc.freeze()  # as `scheduler dashboard` does before it serves (scheduler/cli.py)
     statements: list[str] = []
 
     def count(*args: Any) -> None:
