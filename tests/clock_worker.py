@@ -11,7 +11,8 @@ threads, 5 s leases) for ``SECONDS`` seconds, on the clock ``CLOCK`` names (``da
 
 Every ``job_dispatched`` signal it sends is appended to ``OUT_DIR/dispatched.jsonl`` as
 ``{"worker", "row", "job_id", "slot"}``, every handler call to ``OUT_DIR/runs.jsonl``, one
-``os.write`` per line. At the end it prints its measured clock offset as JSON.
+``os.write`` per line. At the end it prints its measured clock offset and how many ticks it
+ran as JSON.
 """
 
 from __future__ import annotations
@@ -71,9 +72,18 @@ def main() -> None:
 
     signals.job_dispatched.connect(dispatched)
     worker = Worker(app)
+    ticks = [0]  # the ticks it ran (which host wins a slot's dispatch is a race)
+    tick = worker._tick
+
+    def counted() -> bool:
+        ticks[0] += 1
+        return tick()
+
+    worker._tick = counted  # type: ignore[method-assign]
     threading.Timer(seconds, worker.stop).start()
     worker.run()
-    print(json.dumps({"worker": worker_id, "offset": app.clock_offset(), "mode": app.clock_mode}))
+    found = {"worker": worker_id, "offset": app.clock_offset(), "mode": app.clock_mode}
+    print(json.dumps({**found, "ticks": ticks[0]}))
     app.close()
 
 

@@ -264,7 +264,10 @@ def test_two_hosts_ten_minutes_apart_agree_on_the_databases_clock(
     assert offsets["behind"] == pytest.approx(300, abs=1)
     assert offsets["ahead"] == pytest.approx(-300, abs=1)
     assert len(seen["dispatches"]) >= TASKS * 3  # the schedule ran
-    assert {d["worker"] for d in seen["dispatches"]} == {"behind", "ahead"}  # both ticked
+    # Both ticked all along. Which of them dispatches a slot is a race that the one whose tick
+    # comes first on the grid usually wins; the one ahead, were it on its own clock, would
+    # dispatch every slot five minutes early, first.
+    assert all(r["ticks"] >= RUN_SECONDS for r in seen["results"]), seen["results"]
     assert seen["early"] == []  # 0 slots fired before their time by the database's clock
     assert seen["doubled"] == []  # each slot once
     # Every job inserted meanwhile is one the tick announced (the enqueued ones came before).
