@@ -72,17 +72,21 @@ class Outcome:
     run_code: str | None = None  # the code for the run history, when it differs
     abandoned: bool = False
 
-    def finish_args(self) -> _jobs.Finish:
+    @property
+    def result(self) -> str:
+        """How the attempt ended, as the run history, the metrics and the traces name it:
+        ``succeeded``, ``failed`` (a retry follows), ``aborted`` or ``abandoned``."""
         if self.abandoned:
-            outcome = "abandoned"
-        else:
-            outcome = "failed" if self.state == QUEUED else self.state
+            return "abandoned"
+        return "failed" if self.state == QUEUED else self.state
+
+    def finish_args(self) -> _jobs.Finish:
         return _jobs.Finish(
             job=self.job,
             state=self.state,
             code=self.code,
             run_code=self.run_code,
-            outcome=outcome,
+            outcome=self.result,
             retry_at=self.retry_at,
             started_at=self.started,
         )
@@ -569,11 +573,10 @@ class Runner:
                 )
                 results.append("lease_lost")
                 continue
+            committed.append((view, outcome.result))
             if outcome.state == SUCCEEDED:
-                committed.append((view, "succeeded"))
                 signals.send(signals.job_succeeded, job.handler, job=view)
             elif outcome.state == QUEUED:
-                committed.append((view, "failed"))
                 signals.send(
                     signals.job_failed,
                     job.handler,
@@ -582,7 +585,6 @@ class Runner:
                     retry_at=outcome.retry_at,
                 )
             else:
-                committed.append((view, "abandoned" if outcome.abandoned else "aborted"))
                 if outcome.abandoned:
                     signals.send(
                         signals.job_abandoned, job.handler, job=view, error_code=outcome.run_code

@@ -119,13 +119,12 @@ class TickTrace:
         self.traceparent = carrier.get("traceparent")
         return self.traceparent
 
-    def end(self, report: TickReport | None, error: BaseException | None = None) -> None:
+    def end(self, report: TickReport, error: BaseException | None = None) -> None:
         span = self._span
         if span is None:
             return
-        if report is not None:
-            span.set_attribute("scheduler.dispatched", len(report.dispatched))
-            span.set_attribute("scheduler.rerun", len(report.rerun))
+        span.set_attribute("scheduler.dispatched", len(report.dispatched))
+        span.set_attribute("scheduler.rerun", len(report.rerun))
         if error is not None and self._trace is not None:  # its type: a message may carry values
             name = type(error).__name__
             span.set_attribute("error.type", name)
@@ -144,10 +143,7 @@ class Running:
     def ended(self, outcome: Outcome) -> None:
         if self._span is None:
             return
-        if outcome.abandoned:
-            result = "abandoned"
-        else:
-            result = {"queued": "failed"}.get(outcome.state, outcome.state)
+        result = outcome.result
         self._span.set_attribute("scheduler.outcome", result)
         if outcome.code is not None:
             self._span.set_attribute("error.type", outcome.run_code or outcome.code)
