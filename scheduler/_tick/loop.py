@@ -163,7 +163,7 @@ def _carry_out(
     work: Work,
     report: TickReport,
     seen: set[int],
-    trace: _tracing.TickTrace | None = None,
+    trace: _tracing.TickTrace,
 ) -> int:
     """Decide each row, have the dispatcher write the decisions, report the outcomes (adding
     the rows carried out to `seen`); the number of races lost. A dispatcher stops a batch at
@@ -203,7 +203,7 @@ def _carry_out(
             failure = exc
             break
         decided.append((row, decision))
-    if trace is not None and trace.wanted and any(d.action in _CREATES for _, d in decided):
+    if trace.wanted and any(d.action in _CREATES for _, d in decided):
         work = dataclasses.replace(work, traceparent=trace.begin())  # the jobs carry the span
     carried = dispatcher.carry_out(store, conn, decided, work) if decided else Carried()
     if failure is not None:
