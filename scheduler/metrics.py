@@ -374,7 +374,6 @@ class Metrics:
         )
         r.register(self.database)
         self._outcome_children: dict[tuple[str, str, str], Any] = {}
-        self._run_series: dict[tuple[str, str], _RunSeries] = {}
         # Outcomes come from the app's runners after each commit, one call per batch; the
         # lateness from the worker's tick reports (no signal receiver per job or dispatch).
         self._hook = self._recorded  # the one bound method, so close() can remove it
@@ -424,11 +423,8 @@ class Metrics:
 
     def ran(self, job: Job, started: datetime, seconds: float) -> None:
         """One attempt's handler ran for ``seconds``, started at ``started`` (wall clock)."""
-        key = (job.handler, job.queue)
-        series = self._run_series.get(key)
-        if series is None:
-            series = self._run_series[key] = self.run_times.series(*key)
-        series.observe(seconds, max((started - job.run_at).total_seconds(), 0.0))
+        wait = max((started - job.run_at).total_seconds(), 0.0)
+        self.run_times.series(job.handler, job.queue).observe(seconds, wait)
 
 
 _made_lock = threading.Lock()
