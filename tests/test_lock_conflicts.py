@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, create_engine, select, text, update
+from sqlalchemy import Connection, Engine, create_engine, event, select, text, update
 from sqlalchemy.exc import OperationalError
 
 from scheduler import Scheduler, TaskSpec
@@ -26,8 +26,8 @@ from scheduler._handlers import Registry
 from scheduler._retry import DEADLOCK, LOCK_WAIT_TIMEOUT, lock_conflict
 from scheduler._store import jobs as _jobs
 from scheduler._store import make_engine
-from scheduler._store.engine import skip_locked
-from scheduler._store.tables import jobs, rows
+from scheduler._store.engine import nowait, skip_locked
+from scheduler._store.tables import decisions, jobs, rows
 from scheduler.testing import ManualClock
 
 T0 = datetime(2030, 1, 7, 12, 0, tzinfo=UTC)
@@ -177,6 +177,23 @@ def test_skip_locked_is_detected_from_the_server_version(app: Scheduler) -> None
         assert skip_locked(fake) is expected, version
 
 
+def test_set_statement_nowait_is_detected_from_the_server_version(app: Scheduler) -> None:
+    with app.store.engine.connect():
+        pass
+    assert app.store.caps.nowait  # MariaDB 10.11
+    for version, mariadb, expected in [
+        ((10, 2, 44), True, False),
+        ((10, 3, 0), True, True),
+        ((10, 11, 19, "MariaDB"), True, True),
+        ((8, 0, 36), False, False),  # MySQL has no SET STATEMENT
+    ]:
+        fake = type("D", (), {"name": "mysql", "is_mariadb": mariadb})()
+        fake.server_version_info = version
+        assert nowait(fake) is expected, version
+    unknown = type("D", (), {"name": "mysql", "is_mariadb": True, "server_version_info": None})()
+    assert nowait(unknown) is False  # before the first connection
+
+
 # -- lock wait timeouts: retried, or the lost race they are ------------------------------------
 def test_a_claim_skips_a_locked_job_and_takes_the_next(app: Scheduler, maria_url: str) -> None:
     first, second = app.enqueue("h"), app.enqueue("h")
@@ -270,14 +287,55 @@ def test_a_tick_passes_over_a_locked_row_without_waiting(
 def test_a_tick_row_whose_swap_times_out_is_passed_over_then_dispatched(
     app: Scheduler, maria_url: str, clock: ManualClock
 ) -> None:
-    """Without SKIP LOCKED the swap waits, bounded by the lock wait timeout: ``locked``."""
+    """Without SKIP LOCKED nor MariaDB's SET STATEMENT (MySQL 5.7) the swap waits, bounded by
+    the lock wait timeout: ``locked``."""
     app.sync([ROW])
     clock.advance(minutes=2)
     app.store.engine.connect().close()
-    app.store.caps = dataclasses.replace(app.store.caps, skip_locked=False)
+    app.store.caps = dataclasses.replace(app.store.caps, skip_locked=False, nowait=False)
     with Holder(maria_url, lock_row("r"), retried=False):
         report = app.tick()
     assert report.locked == ["r"] and report.dispatched == []
+    assert app.tick().dispatched == ["r"]  # the next tick takes it
+
+
+@pytest.mark.parametrize("skip", [True, False], ids=["skip-locked", "no-skip-locked"])
+def test_a_tick_dispatch_refuses_to_wait_for_a_locked_row_itself(
+    app: Scheduler, maria_url: str, clock: ManualClock, skip: bool
+) -> None:
+    """MariaDB: the fresh dispatch's swap is written ``SET STATEMENT innodb_lock_wait_timeout =
+    0 FOR``, so it fails at once on a locked row (no SKIP LOCKED probe before it, and none
+    needed before MariaDB 10.6): ``locked``, nothing written, nobody waited."""
+    app.sync([ROW, dataclasses.replace(ROW, name="free")])
+    clock.advance(minutes=2)
+    app.store.engine.connect().close()
+    assert app.store.caps.nowait
+    app.store.caps = dataclasses.replace(app.store.caps, skip_locked=skip)
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        statements.append(statement)
+
+    holder = create_engine(maria_url)
+    event.listen(app.store.engine, "before_cursor_execute", seen)
+    try:
+        with holder.connect() as conn, conn.begin():
+            lock_row("r")(conn)
+            began = time.monotonic()
+            report = app.tick()
+            took = time.monotonic() - began
+            assert waiting(holder) == set()
+    finally:
+        event.remove(app.store.engine, "before_cursor_execute", seen)
+        holder.dispose()
+    assert report.locked == ["r"] and report.dispatched == ["free"]
+    assert took < 1  # the session's lock wait timeout here is one second
+    assert not [s for s in statements if "SKIP LOCKED" in s]
+    with app.store.read() as conn:
+        assert conn.execute(select(jobs.c.task_name)).scalars().all() == ["free"]
+        entries = conn.execute(select(decisions.c.task_name, decisions.c.decision)).all()
+    # two slots passed: free's dispatch and its coalesced entry; none of r's rolled back
+    assert sorted(tuple(e) for e in entries) == [("free", "coalesced"), ("free", "dispatched")]
     assert app.tick().dispatched == ["r"]  # the next tick takes it
 
 
@@ -406,11 +464,12 @@ def test_a_tick_row_that_deadlocks_is_a_lost_race_then_dispatched(
     app: Scheduler, maria_url: str, clock: ManualClock
 ) -> None:
     """The dispatch inserts the job, then swaps the row: the crosser holds the row and asks
-    for the new job."""
+    for the new job. Only where the swap waits for the row's lock (MySQL: without SKIP LOCKED
+    nor SET STATEMENT); on MariaDB the swap does not wait, so it cannot deadlock there."""
     app.sync([ROW])
     clock.advance(minutes=2)
-    app.store.engine.connect().close()  # without SKIP LOCKED, or the tick passes over the row
-    app.store.caps = dataclasses.replace(app.store.caps, skip_locked=False)
+    app.store.engine.connect().close()  # or the tick passes over the row
+    app.store.caps = dataclasses.replace(app.store.caps, skip_locked=False, nowait=False)
     with app.store.read() as conn:
         newest = conn.execute(select(jobs.c.id).order_by(jobs.c.id.desc())).scalar() or 0
 

@@ -52,6 +52,11 @@ class Work:
     """Connections to spread a batch over: 0 for the engine's default, < 0 for one."""
     skip_locked: bool = True
     """Pass over a row another transaction holds locked (where the engine can tell at once)."""
+    nowait: bool = False
+    """A fresh dispatch's swap refuses to wait for the row's lock itself (MariaDB,
+    ``Capabilities.nowait``), in place of a ``SKIP LOCKED`` probe."""
+    multi_statements: bool = False
+    """A fresh dispatch's swap and its entry go as one query (``Capabilities.multi_statements``)."""
     traceparent: str | None = None
     """The tick's span (OpenTelemetry, when traced), for the jobs it creates or reruns."""
 

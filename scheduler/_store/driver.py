@@ -12,6 +12,11 @@ and a lost connection invalidates the SQLAlchemy connection, as ``Connection.exe
 Only statements whose every bound value is a named parameter (no literal values, no
 expanding IN) are accepted.
 
+Where the connection accepts several statements in one query (MariaDB/MySQL through PyMySQL,
+which ``engine.make_engine`` connects with ``MULTI_STATEMENTS``), :meth:`Prepared.joined` sends
+a row's statements in one round trip, and :meth:`Prepared.run_all` reads each one's result
+with the driver's ``nextset`` (DB-API's optional extension).
+
 This module is the one place that relies on SQLAlchemy behaviour outside its public API: the
 compiled statement's ``binds`` and ``positiontup``, a bind type's ``dialect_impl`` processor,
 the connection's ``dispatch`` of cursor listeners (called with the signature
@@ -119,16 +124,22 @@ class Prepared:
     __slots__ = ("_dialect", "_names", "_positional", "_steps", "sql")
 
     def __init__(
-        self, statement: ClauseElement, dialect: Dialect, *, compile_as: Dialect | None = None
+        self,
+        statement: ClauseElement,
+        dialect: Dialect,
+        *,
+        compile_as: Dialect | None = None,
+        prefix: str = "",
     ) -> None:
         """`compile_as`: a dialect to write the SQL with instead (another paramstyle); the
-        values still go through `dialect`'s type processors."""
+        values still go through `dialect`'s type processors. `prefix`: SQL written before the
+        statement's own (MariaDB's ``SET STATEMENT ... FOR``)."""
         compiled = statement.compile(dialect=compile_as or dialect)
         assert isinstance(compiled, SQLCompiler)
         for name, bind in compiled.binds.items():
             if not bind.required or bind.expanding:
                 raise ValueError(f"parameter {name!r} must be a plain required bindparam")
-        self.sql = compiled.string
+        self.sql = prefix + compiled.string
         self._dialect = dialect
         self._positional = (compile_as or dialect).positional
         if self._positional:
@@ -142,6 +153,31 @@ class Prepared:
                 processors[name] = _remember_last(process)
         # Per parameter, in the driver's order: its name and its processor (None: as it is).
         self._steps = tuple((name, processors.get(name)) for name in self._names)
+
+    @classmethod
+    def joined(cls, *parts: Prepared) -> Prepared:
+        """`parts` sent as one query, their SQL joined by ``;``: one round trip for several
+        statements, where the connection accepts that (PyMySQL with ``MULTI_STATEMENTS``,
+        ``engine.multi_statements``). One dialect and paramstyle; with named parameters, a
+        name the parts share is one value (its first part's type converts it). Run it with
+        :meth:`run_all`."""
+        first = parts[0]
+        positional = first._positional
+        if any(p._positional != positional or p._dialect is not first._dialect for p in parts):
+            raise ValueError("only statements of one dialect and paramstyle can be joined")
+        steps = [step for part in parts for step in part._steps]
+        if not positional:  # one value per name
+            first_seen: dict[str, Callable[[Any], Any] | None] = {}
+            for name, process in steps:
+                first_seen.setdefault(name, process)
+            steps = list(first_seen.items())
+        made = object.__new__(cls)
+        made.sql = ";".join(part.sql for part in parts)
+        made._dialect = first._dialect
+        made._positional = positional
+        made._steps = tuple(steps)
+        made._names = tuple(name for name, _process in steps)
+        return made
 
     def arguments(self, params: Mapping[str, Any]) -> Any:
         """The driver's arguments for `params`: each value through its column type."""
@@ -181,6 +217,26 @@ class Prepared:
             for listener in events[1]:
                 listener(conn, cursor, sql, arguments, None, False)
         return cursor
+
+    def run_all(
+        self,
+        conn: Connection,
+        params: Mapping[str, Any],
+        cursor: Any = None,
+        events: CursorEvents | None = None,
+    ) -> list[tuple[int, Any]]:
+        """Run a :meth:`joined` query as :meth:`run` does; per statement, in order, the rows it
+        affected and the id it generated (the driver's ``lastrowid``). Every result is read,
+        so the connection is ready for the next query; a statement that fails raises here,
+        and the server ran none after it."""
+        cursor = self.run(conn, params, cursor, events)
+        results = [(cursor.rowcount, cursor.lastrowid)]
+        try:
+            while cursor.nextset():
+                results.append((cursor.rowcount, cursor.lastrowid))
+        except self._dialect.loaded_dbapi.Error as exc:
+            raise driver_error(conn, self.sql, params, exc, cursor) from exc
+        return results
 
 
 class PreparedSet(Generic[T]):

@@ -36,6 +36,10 @@ PostgreSQL: the session's ``lock_timeout``; MariaDB/MySQL: ``innodb_lock_wait_ti
 locks) and ``lock_wait_timeout`` (metadata locks, DDL). A statement that hits it fails with a
 lock error (SQLSTATE 55P03; error 1205), which the tick reports as ``locked``."""
 
+CLIENT_MULTI_STATEMENTS = 1 << 16
+"""The MySQL protocol's client capability flag for several statements in one query (PyMySQL's
+``constants.CLIENT.MULTI_STATEMENTS``)."""
+
 APPLICATION_NAME = "scheduler"
 """PostgreSQL's ``application_name`` of our connections unless the URL sets one (so an
 operator, or ``reliability/connection_cuts.py``, can tell them in ``pg_stat_activity``)."""
@@ -60,6 +64,13 @@ class Capabilities:
     autocommit_reads: bool = False
     """A read-only statement can run in the driver's autocommit (psycopg), skipping the BEGIN
     and COMMIT round trips."""
+    nowait: bool = False
+    """A write can be told not to wait for a row lock (MariaDB's ``SET STATEMENT
+    innodb_lock_wait_timeout = 0 FOR ...``: error 1205 at once), so that it needs no
+    ``SKIP LOCKED`` probe before it (``locks.NOWAIT``)."""
+    multi_statements: bool = False
+    """One query may carry several statements (PyMySQL connected with ``MULTI_STATEMENTS``,
+    as :func:`make_engine` does): a row's statements in one round trip."""
 
 
 def skip_locked(dialect: Any) -> bool:
@@ -71,6 +82,32 @@ def skip_locked(dialect: Any) -> bool:
     if dialect.name not in ("mysql", "mariadb") or not version:
         return False
     return tuple(version) >= ((10, 6) if dialect.is_mariadb else (8, 0, 1))
+
+
+def nowait(dialect: Any) -> bool:
+    """MariaDB 10.3 on: ``SET STATEMENT innodb_lock_wait_timeout = 0 FOR`` a statement makes it
+    fail at once (error 1205) where it would wait for a row lock (known once the engine has
+    connected: before, False). MySQL has no ``SET STATEMENT``."""
+    version = getattr(dialect, "server_version_info", None)
+    if not getattr(dialect, "is_mariadb", False) or not version:
+        return False
+    return tuple(version) >= (10, 3)
+
+
+def multi_statements(dbapi_connection: Any) -> bool:
+    """Whether `dbapi_connection` (PyMySQL's) accepts several statements in one query."""
+    return bool(getattr(dbapi_connection, "client_flag", 0) & CLIENT_MULTI_STATEMENTS)
+
+
+def _several_statements(engine: Engine) -> None:
+    """PyMySQL connections that accept several statements in one query (``MULTI_STATEMENTS``):
+    the tick's fresh dispatch sends its row's swap and log entry in one round trip. Every
+    statement of ours binds its values as parameters (PyMySQL escapes them), so no value can
+    end a statement and start another."""
+
+    @event.listens_for(engine, "do_connect")
+    def _on_do_connect(_dialect: Any, _record: Any, _args: Any, kwargs: dict[str, Any]) -> None:
+        kwargs["client_flag"] = kwargs.get("client_flag", 0) | CLIENT_MULTI_STATEMENTS
 
 
 def _sqlite_hooks(engine: Engine) -> None:
@@ -163,6 +200,8 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         _sqlite_hooks(engine)
     else:
         _bounded_waits(engine, backend)
+        if backend in ("mysql", "mariadb") and engine.dialect.driver == "pymysql":
+            _several_statements(engine)
         if not options.get("pool_pre_ping"):
             _ping_when_idle(engine)
     return engine
@@ -188,6 +227,7 @@ class Store:
             single_writer=name == "sqlite",
             pipeline=psycopg,
             autocommit_reads=psycopg,
+            nowait=nowait(dialect),
         )
         if name in ("mysql", "mariadb") and dialect.server_version_info is None:
             # The server's version is known from the first connection on: detect it then.
@@ -197,9 +237,15 @@ class Store:
         self._helper_pid = 0
         self._helpers_lock = threading.Lock()
 
-    def _detect_version(self, _dbapi_connection: Any, _record: Any) -> None:
+    def _detect_version(self, dbapi_connection: Any, _record: Any) -> None:
         # Runs after the dialect's own first-connect initialisation, which reads the version.
-        self.caps = replace(self.caps, skip_locked=skip_locked(self.engine.dialect))
+        dialect = self.engine.dialect
+        self.caps = replace(
+            self.caps,
+            skip_locked=skip_locked(dialect),
+            nowait=nowait(dialect),
+            multi_statements=dialect.driver == "pymysql" and multi_statements(dbapi_connection),
+        )
 
     def helpers(self, threads: int) -> ThreadPoolExecutor:
         """Threads for work spread over several connections (the tick's lanes), kept between

@@ -135,6 +135,8 @@ def _tick(
             job_defaults=job_defaults,
             connections=connections,
             skip_locked=store.caps.skip_locked,
+            nowait=store.caps.nowait,
+            multi_statements=store.caps.multi_statements,
         )
         while True:
             batch = due(store, conn, now, batch_size, after)
