@@ -21,6 +21,7 @@ from scheduler._dispatch.portable import PortableDispatcher
 from scheduler._handlers import Registry
 from scheduler._store import make_engine
 from scheduler._store.driver import Prepared
+from scheduler._store.engine import CLIENT_MULTI_STATEMENTS
 from scheduler._store.tables import decisions, jobs, rows
 from scheduler._tick import loop as tick_loop
 from scheduler._tick.due import DueRow, due
@@ -29,6 +30,7 @@ from scheduler.testing import ManualClock
 
 T0 = datetime(2030, 1, 7, 12, 0, tzinfo=UTC)
 SLOT = T0 + timedelta(minutes=10)
+FOUND_ROWS = 2  # the MySQL protocol's CLIENT_FOUND_ROWS
 PATHS = [(True, True), (False, True), (True, False), (False, False)]
 PATH_IDS = ["one-query-nowait", "one-query", "statements-nowait", "statements"]
 
@@ -111,13 +113,27 @@ def test_the_connections_accept_several_statements_and_mariadb_refuses_waits(
 ) -> None:
     app.store.engine.connect().close()
     assert app.store.caps.multi_statements and app.store.caps.nowait
+    url = app.store.engine.url
     # A host's own engine, made without MULTI_STATEMENTS: the separate statements.
-    plain = Scheduler(engine=create_engine(app.store.engine.url), registry=Registry())
+    plain = Scheduler(engine=create_engine(url), registry=Registry())
     try:
         plain.store.engine.connect().close()
         assert not plain.store.caps.multi_statements and plain.store.caps.nowait
     finally:
         plain.close()
+    # One made with it (FOUND_ROWS kept, as the runbook says), connected before it is handed
+    # over or after: the one query.
+    flags = {"client_flag": CLIENT_MULTI_STATEMENTS | FOUND_ROWS}
+    for connected_first in (False, True):
+        own = create_engine(url, connect_args=flags)
+        if connected_first:
+            own.connect().close()
+        given = Scheduler(engine=own, registry=Registry())
+        try:
+            given.store.engine.connect().close()
+            assert given.store.caps.multi_statements and given.store.caps.nowait
+        finally:
+            given.close()
 
 
 @pytest.mark.parametrize(("nowait", "multi"), PATHS, ids=PATH_IDS)

@@ -232,6 +232,9 @@ class Store:
         if name in ("mysql", "mariadb") and dialect.server_version_info is None:
             # The server's version is known from the first connection on: detect it then.
             event.listen(self.engine, "connect", self._detect_version, once=True)
+        elif name in ("mysql", "mariadb"):  # an engine of the caller's that has connected
+            with self.engine.connect() as conn:
+                self._detect_version(conn.connection.dbapi_connection, None)
         self._helpers: ThreadPoolExecutor | None = None
         self._helper_threads = 0
         self._helper_pid = 0
