@@ -662,7 +662,9 @@ class Scheduler:
         return await self.runner().work_async(limit)
 
     def purge(self) -> int:
-        """Delete old succeeded (and much older aborted) jobs and their history."""
+        """Delete old succeeded (and much older aborted) jobs and their history, the decision
+        log as old as the older of the two, and audit entries older than
+        ``purge_audit_after_days`` (0: none). Returns how many jobs."""
         w = self.worker_settings
 
         def attempt() -> int:
@@ -672,6 +674,8 @@ class Scheduler:
                 # two retentions).
                 days = max(w.purge_succeeded_after_days, w.purge_aborted_after_days)
                 _decisions.purge(conn, before=now - timedelta(days=days))
+                if w.purge_audit_after_days > 0:  # 0: the audit log is kept for ever
+                    _audit.purge(conn, before=now - timedelta(days=w.purge_audit_after_days))
                 return _jobs.purge(
                     conn,
                     now=now,

@@ -87,6 +87,7 @@ class WorkerSettings:
     shutdown_grace_seconds: float = 30.0
     purge_succeeded_after_days: float = 7.0
     purge_aborted_after_days: float = 30.0
+    purge_audit_after_days: float = 365.0  # 0 = keep the audit log for ever
     queues: tuple[str, ...] = ("default",)
 
 
@@ -256,6 +257,7 @@ def _worker_settings(data: Any, path: str) -> WorkerSettings:
         shutdown_grace_seconds=t.number("shutdown_grace_seconds"),
         purge_succeeded_after_days=t.number("purge_succeeded_after_days", positive=True),
         purge_aborted_after_days=t.number("purge_aborted_after_days", positive=True),
+        purge_audit_after_days=t.number("purge_audit_after_days"),
         queues=t.strings("queues"),
     )
     if not settings.queues:

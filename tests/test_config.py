@@ -176,6 +176,12 @@ INVALID = {
     "imports not a list": ('[worker]\nimports = "a.b"\n', "[worker]", "imports", "array"),
     "empty queue name": ('[worker]\nqueues = [""]\n', "[worker]", "queues[0]", "empty"),
     "no queues": ("[worker]\nqueues = []\n", "[worker]", "queues", "at least one"),
+    "negative audit retention": (
+        "[worker]\npurge_audit_after_days = -1\n",
+        "[worker]",
+        "purge_audit_after_days",
+        "must be at least 0, got -1",
+    ),
     "database not a table": ('database = "x"\n', "app.toml", "database", "expected a table"),
     "tasks not an array": ('tasks = "x"\n', "app.toml", "tasks", "array of tables"),
     "task not a table": ("tasks = [1]\n", "tasks[0]", "", "expected a table, got integer"),

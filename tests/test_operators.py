@@ -6,6 +6,7 @@ Each refusal is checked twice: the error, and that nothing changed (no job, no a
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -162,6 +163,25 @@ def test_the_entry_is_in_the_transaction_of_the_change(ops: Scheduler) -> None:
     row = ops.get_row("nightly")
     assert row is not None and row.enabled and row.disabled_note is None
     assert ops.get_job(job_id).state == "queued"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("days", [365.0, 0.0])
+def test_the_audit_log_is_purged_after_its_retention_or_kept_for_ever(
+    ops: Scheduler, clock: ManualClock, days: float
+) -> None:
+    """``[worker] purge_audit_after_days``: 365 by default; 0 keeps every entry."""
+    assert ops.worker_settings.purge_audit_after_days == 365.0
+    ops.worker_settings = dataclasses.replace(ops.worker_settings, purge_audit_after_days=days)
+    ops.sync([DAILY], reason="first")
+    clock.advance(days=200)
+    ops.disable("nightly", reason="second")
+    clock.advance(days=165, seconds=1)  # the first is 365 days and a second old
+    ops.purge()
+    kept = [e.reason for e in ops.audit()]
+    assert kept == (["second"] if days else ["second", "first"])
+    clock.advance(days=200)
+    ops.purge()
+    assert [e.reason for e in ops.audit()] == ([] if days else ["second", "first"])
 
 
 def test_the_actor_defaults_to_the_environment_then_user_at_host(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, insert, select
+from sqlalchemy import Connection, delete, insert, select
 
 from .._time import iso
 from .tables import audit
@@ -119,3 +119,8 @@ def entries(
         )
         for r in conn.execute(stmt)
     ]
+
+
+def purge(conn: Connection, *, before: datetime) -> int:
+    """Delete the entries written before `before` (index ``ix_scheduler_audit_at``); how many."""
+    return int(conn.execute(delete(audit).where(audit.c.at < before)).rowcount or 0)
