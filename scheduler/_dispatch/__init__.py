@@ -56,7 +56,8 @@ class Work:
     """A fresh dispatch's swap refuses to wait for the row's lock itself (MariaDB,
     ``Capabilities.nowait``), in place of a ``SKIP LOCKED`` probe."""
     multi_statements: bool = False
-    """A fresh dispatch's swap and its entry go as one query (``Capabilities.multi_statements``)."""
+    """A fresh dispatch's statements (the job, the row's swap, its entry) go as one query
+    (``Capabilities.multi_statements``)."""
     traceparent: str | None = None
     """The tick's span (OpenTelemetry, when traced), for the jobs it creates or reruns."""
 

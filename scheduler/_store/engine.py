@@ -101,9 +101,9 @@ def multi_statements(dbapi_connection: Any) -> bool:
 
 def _several_statements(engine: Engine) -> None:
     """PyMySQL connections that accept several statements in one query (``MULTI_STATEMENTS``):
-    the tick's fresh dispatch sends its row's swap and log entry in one round trip. Every
-    statement of ours binds its values as parameters (PyMySQL escapes them), so no value can
-    end a statement and start another."""
+    the tick's fresh dispatch sends its job, its row's swap and its log entry in one round
+    trip. Every statement of ours binds its values as parameters (PyMySQL escapes them), so no
+    value can end a statement and start another."""
 
     @event.listens_for(engine, "do_connect")
     def _on_do_connect(_dialect: Any, _record: Any, _args: Any, kwargs: dict[str, Any]) -> None:
