@@ -109,8 +109,18 @@ def _state_statement(now: datetime) -> Any:
     def text(value: Any) -> Any:
         return cast(value, String(200))
 
-    no_text, no_number, no_time = cast(null(), String(200)), cast(null(), Float), null()
+    no_text, no_number = cast(null(), String(200)), cast(null(), Float)
     ready = (jobs.c.state == QUEUED) & (jobs.c.run_at <= now)
+    # Per task, its newest succeeded job's end: the task's jobs read newest first through
+    # ix_scheduler_jobs_task, usually one of them (a max over every succeeded job took 0.5 s
+    # on SQLite at 1,000,000 jobs).
+    last_success = (
+        select(jobs.c.finished_at)
+        .where(jobs.c.task_name == rows.c.name, jobs.c.state == SUCCEEDED)
+        .order_by(jobs.c.id.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
     return union_all(
         # kind, a, b, n, at
         select(
@@ -125,17 +135,8 @@ def _state_statement(now: datetime) -> Any:
             text(rows.c.name),
             case((rows.c.enabled, "enabled"), else_="disabled"),
             cast(rows.c.consecutive_failures, Float),
-            no_time,
+            last_success,
         ),
-        select(
-            kind("success"),
-            text(jobs.c.task_name),
-            no_text,
-            no_number,
-            func.max(jobs.c.finished_at),
-        )
-        .where(jobs.c.state == SUCCEEDED, jobs.c.task_name.is_not(None))
-        .group_by(jobs.c.task_name),
         select(kind("worker"), text(workers.c.id), no_text, no_number, workers.c.last_seen_at),
     )
 
@@ -316,8 +317,8 @@ class DatabaseCollector(Collector):
             elif kind == "task":
                 task_states[b] += 1
                 failures.add_metric([a], n)
-            elif kind == "success" and at is not None:
-                success.add_metric([a], at.timestamp())
+                if at is not None:
+                    success.add_metric([a], at.timestamp())
             elif kind == "worker" and not a.endswith(_ONE_SHOT_SUFFIX) and read_at is not None:
                 alive = at >= read_at - timedelta(seconds=WORKER_UP_SECONDS)
                 up.add_metric([a], 1.0 if alive else 0.0)

@@ -11,18 +11,21 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import event
+from sqlalchemy import event, update
 from test_deploy_config import config_metric_names
 
-from scheduler import ConfigError, PermanentError, Scheduler
+from scheduler import ConfigError, PermanentError, Scheduler, TaskSpec
 from scheduler._config import parse_config
 from scheduler._handlers import Registry
+from scheduler._store import jobs as _jobs
+from scheduler._store.tables import jobs
 from scheduler._worker import Worker
 from scheduler.metrics import Metrics, asgi_app
 
@@ -275,6 +278,40 @@ def test_database_gauges_on_every_engine(app: Scheduler) -> None:
         assert value(s, "scheduler_jobs_by_state", state="aborted", queue="q2") == 1
         assert value(s, "scheduler_job_oldest_ready_age_seconds", queue="default") == 0
         assert value(s, "scheduler_jobs_total", handler="g.bad", queue="q2", outcome="aborted") == 1
+    finally:
+        metrics.close()
+
+
+def test_each_tasks_last_success_is_its_newest_succeeded_jobs_end(app: Scheduler) -> None:
+    """On every engine: a task's last success is its newest succeeded job's end, a failure after
+    it notwithstanding; a task that never succeeded has no series."""
+    app.migrate()
+    app.sync([TaskSpec(n, "0 3 * * *", "h", {}, "UTC") for n in ("twice", "then-failed", "never")])
+    t0 = datetime(2030, 1, 7, 12, 0, tzinfo=UTC)
+    ended = {
+        "twice": [("succeeded", t0), ("succeeded", t0 + timedelta(hours=1))],
+        "then-failed": [
+            ("succeeded", t0 + timedelta(hours=2)),
+            ("aborted", t0 + timedelta(hours=3)),
+        ],
+        "never": [("aborted", t0)],
+    }
+    with app.store.begin() as conn:
+        for task, finished in ended.items():
+            for state, at in finished:
+                values = _jobs.new_job_values(handler="h", payload="{}", now=t0, task_name=task)
+                job_id = _jobs.insert_job(conn, values)
+                conn.execute(
+                    update(jobs).where(jobs.c.id == job_id).values(state=state, finished_at=at)
+                )
+    metrics = Metrics(app, cache_seconds=0)
+    try:
+        s = parse(generate_latest(metrics.registry).decode())
+        name = "scheduler_task_last_success_timestamp_seconds"
+        assert value(s, name, task="twice") == (t0 + timedelta(hours=1)).timestamp()
+        assert value(s, name, task="then-failed") == (t0 + timedelta(hours=2)).timestamp()
+        assert value(s, name, task="never") is None
+        assert value(s, "scheduler_task_consecutive_failures", task="never") == 0
     finally:
         metrics.close()
 
