@@ -10,18 +10,21 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, update
 from starlette.testclient import TestClient
 
 from scheduler import ConfigError, PermanentError, Scheduler, TaskSpec
 from scheduler._config import DashboardSettings, parse_config
 from scheduler._handlers import Registry
+from scheduler._store.tables import rows
 from scheduler.dashboard import create_app, hash_password, verify_password
 from scheduler.dashboard._auth import check_bind, check_hash_format
+from scheduler.testing import ManualClock
 
 HOSTILE = "<script>alert(1)</script>"
 HOSTILE_CODE = "bad\"'<b>code</b>"
@@ -112,6 +115,44 @@ def test_filters_and_the_live_fragment(app: Scheduler) -> None:
     assert live.lstrip().startswith("<table") and "<html" not in live
     assert "succeeded" not in live and "aborted" in live
     assert "no job matches" in c.get("/jobs?handler=nope").text.lower()
+
+
+def test_overdue_and_held_back_filters_list_the_rows_status_warns_about(db_url: str) -> None:
+    """The Tasks page's ``overdue`` and ``held_back`` filters, on every engine: the rows the
+    health warnings name (the same conditions and thresholds), linked from Workers & health."""
+    t0 = datetime(2030, 1, 7, 12, 0, tzinfo=UTC)
+    app = Scheduler(db_url, registry=Registry(), clock=ManualClock(t0))
+    try:
+        app.sync([TaskSpec(n, "0 3 * * *", "h", {}, "UTC") for n in ("late", "held", "fine")])
+        held_job = app.enqueue("h")  # queued: the held row's job in flight
+        with app.store.begin() as conn:
+            two_hours_ago = t0 - timedelta(hours=2)
+            conn.execute(
+                update(rows)
+                .where(rows.c.name.in_(["late", "held"]))
+                .values(next_run_at=two_hours_ago)
+            )
+            conn.execute(update(rows).where(rows.c.name == "held").values(last_job_id=held_job))
+        health = app.status()["health"]["warnings"]
+        assert any("late" in w and "overdue" in w for w in health), health
+        assert any("held" in w and "in flight" in w for w in health), health
+        c = client(app)
+
+        def listed(state: str) -> list[str]:
+            page = c.get(f"/tasks?state={state}")
+            assert page.status_code == 200
+            return re.findall(r'href="/tasks/([^"]+)"', page.text)
+
+        assert listed("overdue") == ["late"]
+        assert listed("held_back") == ["held"]
+        assert sorted(listed("")) == ["fine", "held", "late"]
+        page = c.get("/tasks?state=held_back").text
+        assert 'value="held_back" checked' in page and ">held back</label>" in page
+        health_page = c.get("/health").text
+        assert 'href="/tasks?state=overdue">1 overdue task(s)' in health_page
+        assert 'href="/tasks?state=held_back">1 task(s) held back' in health_page
+    finally:
+        app.close()
 
 
 def test_ad_hoc_job_payload_shows_keys_not_values(app: Scheduler) -> None:

@@ -103,6 +103,21 @@ def _conditions() -> dict[str, Any]:
     }
 
 
+def condition(kind: str) -> Any:
+    """The condition of `kind` (one of :data:`KINDS`) over the rows outer-joined to their last
+    job; its instants are the parameters :func:`instants` gives (the dashboard's task filters)."""
+    return _conditions()[kind]
+
+
+def instants(now: datetime, limits: Thresholds) -> dict[str, datetime]:
+    """The parameters of the conditions: the instants before which a row is overdue, or held
+    back for too long."""
+    return {
+        "overdue_at": now - timedelta(seconds=limits.row_overdue),
+        "held_at": now - timedelta(seconds=limits.row_held_back),
+    }
+
+
 @functools.lru_cache(maxsize=8)
 def _statement(limit: int | None) -> Any:
     """The UNION ALL of one select per kind, built once per ``limit`` (building it cost more
@@ -140,10 +155,7 @@ def read(
 ) -> WarnedRows:
     """One statement: the rows of every kind, by name; with ``limit``, the first ``limit`` of
     each kind (and the count of all)."""
-    params = {
-        "overdue_at": now - timedelta(seconds=limits.row_overdue),
-        "held_at": now - timedelta(seconds=limits.row_held_back),
-    }
+    params = instants(now, limits)
     found: dict[str, list[Warned]] = {kind: [] for kind in KINDS}
     total = dict.fromkeys(KINDS, 0)
     for r in conn.execute(_statement(limit), params):

@@ -9,15 +9,20 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, and_, bindparam, or_, select, union_all
 
+from .._store import warned as _warned
+from .._store.health import Thresholds
 from .._store.tables import jobs, rows, runs
 
 PAGE_SIZE = 50
 STRIP_LENGTH = 12
-TASK_STATES = ("enabled", "disabled", "failing")
+TASK_STATES = ("enabled", "disabled", "failing", "overdue", "held_back")
+"""The Tasks page's filters; ``overdue`` and ``held_back`` are the rows ``status`` warns about
+(``_store/warned.py``, with its thresholds)."""
 
 
 def _like(text: str) -> str:
@@ -38,8 +43,11 @@ def tasks(
     state: str = "",
     after: str | None = None,
     limit: int = PAGE_SIZE,
+    now: datetime | None = None,
+    limits: Thresholds | None = None,
 ) -> Page:
-    """One statement: a page of rows by name, with their last job's state and error code."""
+    """One statement: a page of rows by name, with their last job's state and error code.
+    The ``overdue`` and ``held_back`` states need `now` (and `limits`, else the defaults)."""
     stmt = (
         select(
             rows.c.name,
@@ -68,9 +76,15 @@ def tasks(
         stmt = stmt.where(rows.c.enabled.is_(False))
     elif state == "failing":
         stmt = stmt.where(or_(rows.c.consecutive_failures > 0, jobs.c.state == "aborted"))
+    params: dict[str, Any] = {}
+    if state in ("overdue", "held_back"):
+        if now is None:
+            raise ValueError(f"the {state!r} filter needs now")
+        stmt = stmt.where(_warned.condition(state))
+        params = _warned.instants(now, limits or Thresholds())
     if after is not None:
         stmt = stmt.where(rows.c.name > after)
-    found = [dict(r._mapping) for r in conn.execute(stmt)]
+    found = [dict(r._mapping) for r in conn.execute(stmt, params)]
     more = len(found) > limit
     found = found[:limit]
     return Page(found, found[-1]["name"] if more else None)

@@ -197,7 +197,9 @@ def create_app(
         name, state = p.get("name", "").strip(), p.get("state", "")
         state = state if state in _queries.TASK_STATES else ""
         with app.store.read() as conn:
-            found = _queries.tasks(conn, name=name, state=state, after=p.get("after") or None)
+            found = _queries.tasks(
+                conn, name=name, state=state, after=p.get("after") or None, now=app.clock()
+            )
             strips = _queries.strips(conn, [t["name"] for t in found.items])
         query = {k: v for k, v in (("name", name), ("state", state)) if v}
         return dash.render(
