@@ -232,9 +232,9 @@ class Store:
         if name in ("mysql", "mariadb") and dialect.server_version_info is None:
             # The server's version is known from the first connection on: detect it then.
             event.listen(self.engine, "connect", self._detect_version, once=True)
-        elif name in ("mysql", "mariadb"):  # an engine of the caller's that has connected
-            with self.engine.connect() as conn:
-                self._detect_version(conn.connection.dbapi_connection, None)
+        elif name in ("mysql", "mariadb"):  # an engine of the caller's that has connected:
+            # its connections are pooled already; detect from the next one handed out
+            event.listen(self.engine, "checkout", self._detect_on_checkout, once=True)
         self._helpers: ThreadPoolExecutor | None = None
         self._helper_threads = 0
         self._helper_pid = 0
@@ -249,6 +249,9 @@ class Store:
             nowait=nowait(dialect),
             multi_statements=dialect.driver == "pymysql" and multi_statements(dbapi_connection),
         )
+
+    def _detect_on_checkout(self, dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        self._detect_version(dbapi_connection, record)
 
     def helpers(self, threads: int) -> ThreadPoolExecutor:
         """Threads for work spread over several connections (the tick's lanes), kept between
