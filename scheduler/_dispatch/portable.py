@@ -38,6 +38,7 @@ from typing import Any
 from sqlalchemy import (
     Connection,
     Dialect,
+    Insert,
     Update,
     bindparam,
     func,
@@ -87,14 +88,14 @@ SWAP_WHERE = (
 
 # PostgreSQL's drivers report no lastrowid: the INSERT returns the id there.
 _RETURNS_ID = frozenset({"postgresql"})
-_INSERT_JOB = PreparedSet(
-    lambda dialect: (
-        insert(jobs).values(JOB_PARAMS).returning(jobs.c.id)
-        if dialect in _RETURNS_ID
-        else insert(jobs).values(JOB_PARAMS)
-    ),
-    Prepared,
-)
+
+
+def _insert_job(dialect: str) -> Insert:
+    inserted = insert(jobs).values(JOB_PARAMS)
+    return inserted.returning(jobs.c.id) if dialect in _RETURNS_ID else inserted
+
+
+_INSERT_JOB = PreparedSet(_insert_job, Prepared)
 
 
 def _point_row(_dialect: str) -> Update:
@@ -150,7 +151,7 @@ def _one_query(prefix: str) -> Callable[[ClauseElement, Dialect], Prepared]:
         job_id = func.last_insert_id()
         point_row = update(rows).where(*SWAP_WHERE).values(last_job_id=job_id, **SWAP_VALUES)
         entry = insert(decisions).from_select(
-            ["task_name", "slot", "decided_at", "decision", "job_id"],
+            list(DISPATCHED_ENTRY),  # the same columns, from the job's row
             select(
                 jobs.c.task_name,
                 jobs.c.slot,
@@ -174,10 +175,7 @@ def _one_query(prefix: str) -> Callable[[ClauseElement, Dialect], Prepared]:
 # 1205 at once, reported ``locked``) in place of a SKIP LOCKED probe before the job's INSERT.
 _POINT_ROW_NOWAIT = PreparedSet(_point_row, functools.partial(Prepared, prefix=_locks.NOWAIT))
 _DISPATCH_QUERY = {
-    nowait: PreparedSet(
-        lambda _dialect: insert(jobs).values(JOB_PARAMS),
-        _one_query(_locks.NOWAIT if nowait else ""),
-    )
+    nowait: PreparedSet(_insert_job, _one_query(_locks.NOWAIT if nowait else ""))
     for nowait in (False, True)
 }
 
