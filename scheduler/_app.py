@@ -21,10 +21,12 @@ from . import _alerts, _backfill, _migrate, _tick, _tracing, signals
 from ._config import (
     AppConfig,
     DashboardSettings,
+    DatabaseSettings,
     MetricsSettings,
     SchedulerSettings,
     TaskSpec,
     WorkerSettings,
+    database_settings,
     load_config,
     normalize_database_url,
 )
@@ -130,12 +132,19 @@ class Scheduler:
         config_path: str | None = None,
         metrics: MetricsSettings | None = None,
         database_source: str = "database_url",
+        database: DatabaseSettings | None = None,
         **overrides: Any,
     ) -> None:
         if engine is None and database_url is None:
             raise ConfigError("Scheduler needs a database_url (or an engine)")
         settings = settings or SchedulerSettings()
         worker = worker or WorkerSettings()
+        # [database] keys given as keyword arguments (pool_size=..., pooler=...), checked as
+        # the file's are; SCHEDULER_DATABASE_<KEY> wins over them, as over the file.
+        keys = dataclasses.asdict(database or DatabaseSettings())
+        keys.update({k: overrides.pop(k) for k in list(overrides) if k in keys})
+        given = {key: value for key, value in keys.items() if value is not None}
+        self.database_settings = database_settings(given, "Scheduler()")
         for key, value in overrides.items():
             if hasattr(settings, key):
                 settings = dataclasses.replace(settings, **{key: value})
@@ -152,10 +161,10 @@ class Scheduler:
         if engine is None:
             url = normalize_database_url(str(database_url), database_source)
             try:
-                engine = make_engine(url)
+                engine = make_engine(url, self.database_settings)
             except ImportError as exc:  # the URL's driver is not installed
                 raise ConfigError(_missing_driver(url, database_source, exc)) from None
-        self.store = Store(engine)
+        self.store = Store(engine, self.database_settings)
         self.registry = registry if registry is not None else default_registry
         # The database's clock unless told otherwise (SPEC §13; scheduler/_store/clock.py).
         chosen = _clock.choose(self.store, clock, settings.clock)
@@ -193,6 +202,7 @@ class Scheduler:
             config_path=config.path,
             metrics=config.metrics,
             database_source=config.database_source,
+            database=config.database,
             **kwargs,
         )
         app.dashboard_settings = config.dashboard

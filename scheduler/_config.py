@@ -11,12 +11,13 @@ import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ._cron import validate_cron, validate_timezone
 from ._errors import ConfigError, PayloadError
 from ._payload import decode_payload, encode_payload, find_credential_key
+from ._store.engine import DatabaseSettings
 from ._store.jobs import tenant_problem
 
 DEFAULT_URL = "sqlite:///scheduler.db"
@@ -25,6 +26,8 @@ METRICS_PORT_ENV = "SCHEDULER_METRICS_PORT"  # one port per worker of a systemd 
 DASHBOARD_PASSWORD_ENV = "SCHEDULER_DASHBOARD_PASSWORD_HASH"
 MAX_NAME_LENGTH = 200
 CLOCK_MODES = ("database", "local")  # [scheduler] clock (scheduler/_store/clock.py)
+POOLER_MODES = ("none", "transaction")  # [database] pooler
+DATABASE_ENV_PREFIX = "SCHEDULER_DATABASE_"  # SCHEDULER_DATABASE_<KEY> wins over [database] KEY
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,7 @@ class AppConfig:
     #: Where ``database_url`` came from, for messages: ``[database] url in FILE`` or
     #: ``SCHEDULER_DATABASE_URL``.
     database_source: str = "[database] url"
+    database: DatabaseSettings = field(default_factory=DatabaseSettings)
 
 
 _MISSING: Any = object()
@@ -209,6 +213,13 @@ class _Table:
             raise self.error(key, f"must be {bound} {minimum:g}, got {value:g}")
         return float(value)
 
+    def choice(self, key: str, choices: tuple[str, ...]) -> str:
+        value = self.text(key)
+        if value not in choices:
+            expected = " or ".join(repr(choice) for choice in choices)
+            raise self.error(key, f"expected {expected}, got {value!r}")
+        return value
+
     def strings(self, key: str) -> tuple[str, ...]:
         values = self.get(key, "an array of strings", lambda v: isinstance(v, list | tuple))
         for index, value in enumerate(values):
@@ -225,6 +236,51 @@ class _Table:
         except ValueError as exc:
             raise self.error(key, str(exc)) from exc
         return value
+
+
+def _database_value(t: _Table, key: str) -> Any:
+    """``[database] key``, or ``SCHEDULER_DATABASE_<KEY>`` when that is set (it wins)."""
+    readers: dict[str, Callable[[_Table], Any]] = {
+        "pool_size": lambda table: table.integer("pool_size", 1),
+        "max_overflow": lambda table: table.integer("max_overflow", 0),
+        "connect_timeout": lambda table: table.number("connect_timeout", positive=True),
+        "statement_timeout": lambda table: table.number("statement_timeout"),
+        "pooler": lambda table: table.choice("pooler", POOLER_MODES),
+        "listen_url": lambda table: (
+            table.text("listen_url") if "listen_url" in table.data else None
+        ),
+    }
+    name = DATABASE_ENV_PREFIX + key.upper()
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return readers[key](t)
+    value: Any = raw
+    if isinstance(t.defaults[key], int | float) and not isinstance(t.defaults[key], bool):
+        try:
+            value = int(raw) if isinstance(t.defaults[key], int) else float(raw)
+        except ValueError:
+            kind = "an integer" if isinstance(t.defaults[key], int) else "a number"
+            raise ConfigError(f"{name}: expected {kind}, got {raw!r}") from None
+    return readers[key](_Table({key: value}, name, t.defaults))
+
+
+def database_settings(data: Mapping[str, Any], where: str = "[database]") -> DatabaseSettings:
+    """Check the ``[database]`` keys besides ``url`` in ``data`` (a TOML table, or the keyword
+    arguments of ``Scheduler(...)``); ``SCHEDULER_DATABASE_<KEY>`` overrides each."""
+    defaults = {"url": DEFAULT_URL, **asdict(DatabaseSettings())}
+    t = _Table(data, where, defaults).check_keys()
+    keys = [key for key in defaults if key != "url"]
+    settings = DatabaseSettings(**{key: _database_value(t, key) for key in keys})
+    if settings.listen_url is not None:
+        listen = normalize_database_url(settings.listen_url, f"{where}: key 'listen_url'")
+        if not listen.startswith("postgresql"):
+            raise t.error("listen_url", "must be a PostgreSQL URL (only PostgreSQL can LISTEN)")
+        settings = replace(settings, listen_url=listen)
+    return settings
+
+
+def _database_settings(t: _Table, path: str) -> DatabaseSettings:
+    return database_settings(t.data, t.where)
 
 
 def _scheduler_settings(data: Any, path: str) -> SchedulerSettings:
@@ -495,9 +551,12 @@ def parse_config(data: Mapping[str, Any], path: str = "<config>") -> AppConfig:
     top = _Table(data, path, sections)
     top.check_keys()
     database = _Table(
-        top.get("database", "a table", _is_table), f"{path}: [database]", {"url": DEFAULT_URL}
+        top.get("database", "a table", _is_table),
+        f"{path}: [database]",
+        {"url": DEFAULT_URL, **asdict(DatabaseSettings())},
     )
-    url = database.check_keys().text("url")
+    database_settings = _database_settings(database.check_keys(), path)
+    url = database.text("url")
     source = "[database] url" if path == "<config>" else f"[database] url in {path}"
     if path != "<config>":
         url = _relative_to(url, os.path.dirname(os.path.abspath(path)))
@@ -515,6 +574,7 @@ def parse_config(data: Mapping[str, Any], path: str = "<config>") -> AppConfig:
         tasks=_tasks(tasks, path, settings),
         metrics=_metrics_settings(top.get("metrics", "a table", _is_table), path),
         dashboard=_dashboard_settings(top.get("dashboard", "a table", _is_table), path),
+        database=database_settings,
     )
 
 

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from scheduler import Scheduler
 from scheduler._config import (
     AppConfig,
+    DatabaseSettings,
     SchedulerSettings,
     TaskSpec,
     WorkerSettings,
@@ -297,3 +299,84 @@ def test_relative_path_is_named_as_given(tmp_path: Path, monkeypatch: pytest.Mon
 def test_misspelt_name_key_is_reported_as_unknown(tmp_path: Path) -> None:
     message = config_error(write(tmp_path, TASK.replace("name =", "nmae =")))
     assert message.endswith("tasks[0]: key 'nmae': unknown key (did you mean 'name'?)")
+
+
+def test_database_settings_defaults_and_file(tmp_path: Path) -> None:
+    assert parse_config({}).database == DatabaseSettings()
+    config = parse_config(
+        {
+            "database": {
+                "url": "postgresql://u@h/db",
+                "pool_size": 2,
+                "max_overflow": 0,
+                "connect_timeout": 3,
+                "statement_timeout": 1.5,
+                "pooler": "transaction",
+                "listen_url": "postgresql://u@direct/db",
+            }
+        }
+    )
+    assert config.database == DatabaseSettings(
+        pool_size=2,
+        max_overflow=0,
+        connect_timeout=3.0,
+        statement_timeout=1.5,
+        pooler="transaction",
+        listen_url="postgresql+psycopg://u@direct/db",
+    )
+
+
+def test_database_settings_from_the_environment_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDULER_DATABASE_POOL_SIZE", "7")
+    monkeypatch.setenv("SCHEDULER_DATABASE_POOLER", "transaction")
+    monkeypatch.setenv("SCHEDULER_DATABASE_STATEMENT_TIMEOUT", "2.5")
+    config = parse_config({"database": {"pool_size": 3}}, "app.toml")
+    assert config.database.pool_size == 7
+    assert config.database.pooler == "transaction"
+    assert config.database.statement_timeout == 2.5
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "message"),
+    [
+        ("POOL_SIZE", "x", "SCHEDULER_DATABASE_POOL_SIZE: expected an integer, got 'x'"),
+        ("POOL_SIZE", "0", "SCHEDULER_DATABASE_POOL_SIZE: key 'pool_size': must be at least 1"),
+        ("CONNECT_TIMEOUT", "soon", "SCHEDULER_DATABASE_CONNECT_TIMEOUT: expected a number"),
+        ("POOLER", "session", "SCHEDULER_DATABASE_POOLER: key 'pooler': expected 'none' or"),
+    ],
+)
+def test_bad_database_setting_in_the_environment(
+    monkeypatch: pytest.MonkeyPatch, env: str, value: str, message: str
+) -> None:
+    monkeypatch.setenv(f"SCHEDULER_DATABASE_{env}", value)
+    with pytest.raises(ConfigError, match="^" + re.escape(message)):
+        parse_config({}, "app.toml")
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"pool_size": 0}, "key 'pool_size': must be at least 1, got 0"),
+        ({"max_overflow": -1}, "key 'max_overflow': must be at least 0, got -1"),
+        ({"connect_timeout": 0}, "key 'connect_timeout': must be greater than 0, got 0"),
+        ({"statement_timeout": -1}, "key 'statement_timeout': must be at least 0, got -1"),
+        ({"pooler": "session"}, "key 'pooler': expected 'none' or 'transaction', got 'session'"),
+        (
+            {"listen_url": "sqlite:///x.db"},
+            "key 'listen_url': must be a PostgreSQL URL (only PostgreSQL can LISTEN)",
+        ),
+        ({"pool": 3}, "key 'pool': unknown key (did you mean 'pooler'?)"),
+    ],
+)
+def test_bad_database_setting_in_the_file(table: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"database": table}, "app.toml")
+    assert str(caught.value) == f"app.toml: [database]: {message}"
+
+
+def test_database_settings_as_scheduler_arguments(tmp_path: Path) -> None:
+    app = Scheduler(f"sqlite:///{tmp_path / 'x.db'}", pool_size=2, statement_timeout=4)
+    assert app.database_settings.pool_size == 2
+    assert app.store.database.statement_timeout == 4.0
+    with pytest.raises(ConfigError, match="Scheduler\\(\\): key 'pooler'"):
+        Scheduler(f"sqlite:///{tmp_path / 'x.db'}", pooler="session")

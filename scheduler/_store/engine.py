@@ -8,6 +8,7 @@ locked"). Capability flags are detected once per engine; correctness never depen
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sqlite3
 import threading
@@ -43,6 +44,18 @@ CLIENT_MULTI_STATEMENTS = 1 << 16
 APPLICATION_NAME = "scheduler"
 """PostgreSQL's ``application_name`` of our connections unless the URL sets one (so an
 operator, or ``reliability/connection_cuts.py``, can tell them in ``pg_stat_activity``)."""
+
+
+@dataclass(frozen=True)
+class DatabaseSettings:
+    """The ``[database]`` table's keys besides ``url``: how the scheduler connects."""
+
+    pool_size: int = 5  # connections one process keeps open
+    max_overflow: int = 10  # extra connections under load, closed when idle
+    connect_timeout: float = 10.0  # seconds for one connection attempt
+    statement_timeout: float = 0.0  # seconds any one statement of ours may run; 0 = off
+    pooler: str = "none"  # or "transaction": the URL is a transaction-mode pooler (PgBouncer)
+    listen_url: str | None = None  # a direct URL for the connection that listens for wake-ups
 
 
 @dataclass(frozen=True)
@@ -185,15 +198,29 @@ def _bounded_waits(engine: Engine, backend: str) -> None:
         dbapi_connection.commit()  # a session setting outlives its transaction
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
-    """Create an engine with our per-dialect settings."""
+def make_engine(url: str, database: DatabaseSettings | None = None, **kwargs: Any) -> Engine:
+    """Create an engine with our per-dialect settings and the ``[database]`` ones
+    (``database``: the pool's size and overflow, the connect timeout; what the URL's own
+    query sets, such as ``connect_timeout``, stays)."""
+    database = database or DatabaseSettings()
     parsed = make_url(url)
     backend = parsed.get_backend_name()
     options: dict[str, Any] = {}
+    connect_args: dict[str, Any] = {}
+    if backend != "sqlite":
+        options.update(pool_size=database.pool_size, max_overflow=database.max_overflow)
+        if "connect_timeout" not in parsed.query:
+            # libpq takes whole seconds (and treats 1 as 2); PyMySQL takes a float
+            seconds = database.connect_timeout
+            connect_args["connect_timeout"] = (
+                max(math.ceil(seconds), 2) if backend == "postgresql" else seconds
+            )
     if backend in ("mysql", "mariadb"):
         options.update(pool_recycle=3600)
     if backend == "postgresql" and "application_name" not in parsed.query:
-        options.update(connect_args={"application_name": APPLICATION_NAME})
+        connect_args["application_name"] = APPLICATION_NAME
+    if connect_args:
+        options.update(connect_args=connect_args)
     options.update(kwargs)
     engine = create_engine(parsed, **options)
     if backend == "sqlite":
@@ -208,11 +235,16 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
 
 class Store:
-    """An engine plus the capability flags of its dialect."""
+    """An engine plus the capability flags of its dialect, and the ``[database]`` settings."""
 
-    def __init__(self, url_or_engine: str | Engine) -> None:
+    def __init__(
+        self, url_or_engine: str | Engine, database: DatabaseSettings | None = None
+    ) -> None:
+        self.database = database or DatabaseSettings()
         self.engine = (
-            make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
+            make_engine(url_or_engine, self.database)
+            if isinstance(url_or_engine, str)
+            else url_or_engine
         )
         dialect = self.engine.dialect
         name = dialect.name
