@@ -21,7 +21,6 @@ from . import _alerts, _backfill, _migrate, _tick, _tracing, signals
 from ._config import (
     AppConfig,
     DashboardSettings,
-    DatabaseSettings,
     MetricsSettings,
     SchedulerSettings,
     TaskSpec,
@@ -36,6 +35,7 @@ from ._payload import encode_payload
 from ._retry import retry
 from ._runner import RecordedHook, Runner
 from ._store import Store, make_engine
+from ._store.engine import DatabaseSettings
 from ._store import audit as _audit
 from ._store import clock as _clock
 from ._store import decisions as _decisions
