@@ -35,7 +35,6 @@ from ._payload import encode_payload
 from ._retry import retry
 from ._runner import RecordedHook, Runner
 from ._store import Store, make_engine
-from ._store.engine import DatabaseSettings
 from ._store import audit as _audit
 from ._store import clock as _clock
 from ._store import decisions as _decisions
@@ -43,6 +42,7 @@ from ._store import health as _health
 from ._store import jobs as _jobs
 from ._store import rows as _rows
 from ._store.audit import AuditEntry
+from ._store.engine import DatabaseSettings
 from ._store.jobs import Job
 from ._store.rows import SyncPlan, TaskRow
 from ._tick import TickReport
