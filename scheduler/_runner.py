@@ -93,17 +93,21 @@ class Outcome:
 
 
 class RunningJob:
-    """What a handler receives."""
+    """What a handler receives: the job's ``id``, ``handler``, ``payload``, ``attempt`` (from
+    1), ``max_attempts``, ``task_name``, ``queue``, ``tenant`` and ``slot`` (the nominal cron
+    instant, aware UTC, of a task's job, a backfilled one included; ``None`` for an enqueued
+    job), and :meth:`heartbeat`."""
 
     def __init__(self, job: Job, runner: Runner) -> None:
-        self.id = job.id
-        self.handler = job.handler
-        self.payload = job.payload
-        self.attempt = job.attempts
-        self.max_attempts = job.max_attempts
-        self.task_name = job.task_name
-        self.queue = job.queue
-        self.tenant = job.tenant
+        self.id: int = job.id
+        self.handler: str = job.handler
+        self.payload: dict[str, Any] = job.payload
+        self.attempt: int = job.attempts
+        self.max_attempts: int = job.max_attempts
+        self.task_name: str | None = job.task_name
+        self.queue: str = job.queue
+        self.tenant: str | None = job.tenant
+        self.slot: datetime | None = job.slot
         self._runner = runner
 
     def heartbeat(self) -> None:
