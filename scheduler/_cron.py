@@ -20,6 +20,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterError, croniter
 from croniter.croniter import MARKER, HashExpander
 
+from ._time import in_zone, offset_in
+
 __all__ = [
     "dst_notes",
     "first_run",
@@ -201,9 +203,7 @@ def _fixed_offset_iterator(expr: str, seconds: int, hash_id: bytes | None) -> cr
 
 
 def _offset(zone: ZoneInfo, at: datetime) -> timedelta:
-    offset = at.astimezone(zone).utcoffset()
-    assert offset is not None
-    return offset
+    return offset_in(zone, at)
 
 
 def _offset_changes(zone: ZoneInfo, start: datetime, end: datetime) -> datetime | None:
@@ -344,7 +344,7 @@ def _dst_notes(
         return ()
     if then > before:  # spring forward: was the slot moved out of the gap?
         free = expr if hash_id is None else hash_free(expr, hash_id.decode())
-        wall = slot.astimezone(zone).replace(tzinfo=None)
+        wall = in_zone(slot, zone).replace(tzinfo=None)
         if expr.startswith("@") or croniter.match(free, wall):
             return ()
         return (("dst_gap", slot),)

@@ -23,7 +23,7 @@ from ._store import decisions as _decisions
 from ._store.jobs import Job
 from ._store.rows import TaskRow, _view
 from ._store.tables import jobs, rows, runs
-from ._time import iso
+from ._time import in_zone, iso, offset_in
 
 NEXT_FIRES = 10
 DECISIONS = 20
@@ -109,7 +109,7 @@ def _clock(value: datetime | None, zone: str) -> str:
     """``2030-01-01 10:02:03 CET (09:02:03 UTC)`` in `zone` (UTC alone in UTC)."""
     if value is None:
         return "-"
-    local = value.astimezone(ZoneInfo(zone))
+    local = in_zone(value, ZoneInfo(zone))
     text = f"{local:%Y-%m-%d %H:%M:%S} {local.tzname()}"
     return text if zone in ("UTC", "Etc/UTC") else f"{text} ({value:%H:%M:%S} UTC)"
 
@@ -133,17 +133,17 @@ def next_fires(row: TaskRow, now: datetime, count: int = NEXT_FIRES) -> list[dic
         start = now
         slot = _cron.next_after(row.cron, row.timezone, now, row.name)
     fires: list[dict[str, Any]] = []
-    previous = start.astimezone(zone).utcoffset()
+    previous = offset_in(zone, start)
     before = start
     for _ in range(count):
         at = slot + _cron.jitter_delay(row.name, slot, row.jitter)
-        offset = slot.astimezone(zone).utcoffset()
+        offset = offset_in(zone, slot)
         cases = _cron.dst_notes(row.cron, row.timezone, row.name, before, slot)
         fires.append(
             {
                 "slot": iso(slot),
                 "at": iso(at),
-                "local": at.astimezone(zone).isoformat(),
+                "local": in_zone(at, zone).isoformat(),
                 "dst": None if offset == previous else f"{_offset(previous)} → {_offset(offset)}",
                 "dst_case": next((kind for kind, when in cases if when == slot), None),
                 "skipped_repeats": [iso(when) for kind, when in cases if kind == "dst_repeat"],

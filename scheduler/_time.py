@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import overload
 
 Clock = Callable[[], datetime]
@@ -31,3 +31,26 @@ def as_utc(value: datetime) -> datetime:
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"naive datetime {value!r}: pass an aware datetime (UTC)")
     return value.astimezone(UTC)
+
+
+def in_zone(value: datetime, zone: tzinfo) -> datetime:
+    """The aware instant `value` as wall-clock time in `zone`, ``fold=1`` on the second
+    occurrence of a repeated (fall-back) time.
+
+    Every UTC-to-local conversion goes through here, never ``value.astimezone(zone)``:
+    freezegun's ``FakeDatetime`` (what ``datetime.now()`` and friends return under frozen time)
+    rebuilds the result of ``astimezone`` without its ``fold`` (spulec/freezegun#422), so the
+    repeated hour would read as its first occurrence, with the wrong offset. ``zone.fromutc``
+    sets ``fold`` itself, whatever the datetime class.
+    """
+    offset = value.utcoffset()
+    if offset is None:
+        raise ValueError(f"naive datetime {value!r}: pass an aware datetime")
+    return zone.fromutc((value.replace(tzinfo=None) - offset).replace(tzinfo=zone))
+
+
+def offset_in(zone: tzinfo, value: datetime) -> timedelta:
+    """`zone`'s UTC offset at the aware instant `value` (see :func:`in_zone`)."""
+    offset = in_zone(value, zone).utcoffset()
+    assert offset is not None
+    return offset

@@ -32,7 +32,7 @@ from ._backfill import DEFAULT_MAX
 from ._errors import ConfigError, SchedulerError
 from ._store.audit import DEFAULT_LIMIT as AUDIT_LIMIT
 from ._store.jobs import LIST_LIMIT, STATES, Job, JobStateError
-from ._time import iso
+from ._time import in_zone, iso
 
 CONFIG_ENV = "SCHEDULER_CONFIG"
 DEFAULT_CONFIG = "app.toml"
@@ -370,7 +370,7 @@ def _print_explain(data: dict[str, Any]) -> None:
             marks.append("dst_repeat: the repeated hour is not fired again")
         if fire["at"] != fire["slot"]:
             marks.append(f"slot {fire['slot']} + jitter")
-        local = datetime.fromisoformat(fire["at"]).astimezone(ZoneInfo(p["timezone"]))
+        local = in_zone(datetime.fromisoformat(fire["at"]), ZoneInfo(p["timezone"]))
         line = f"  {local:%Y-%m-%d %H:%M:%S %Z}  {fire['at']}"
         click.echo(f"{line}  {'; '.join(marks)}".rstrip())
     click.echo("\ndecisions (newest first):")
@@ -401,7 +401,7 @@ def _table_row(row: dict[str, Any]) -> list[str]:
     when = ["-", "-"]
     if row["enabled"] and row["next_run_at"]:
         utc = datetime.fromisoformat(row["next_run_at"])
-        local = utc.astimezone(ZoneInfo(row["timezone"]))
+        local = in_zone(utc, ZoneInfo(row["timezone"]))
         when = [f"{local:%Y-%m-%d %H:%M:%S} {row['timezone']}", f"{utc:%Y-%m-%d %H:%M:%S}Z"]
     failures, why = str(row["consecutive_failures"]), row["disabled_reason"] or ""
     if row.get("disabled_note"):
@@ -694,7 +694,7 @@ def backfill(
     zone = ZoneInfo(state.open().get_row(name).timezone)  # type: ignore[union-attr]
     taken = set(result.taken)
     for slot in result.slots:
-        local = slot.astimezone(zone)
+        local = in_zone(slot, zone)
         if slot in taken:
             what = "already has a job: skipped"
         elif dry_run:

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from freezegun import freeze_time
 
+from scheduler import _cron
 from scheduler._cron import has_fixed_hour, next_after, validate_cron, validate_timezone
 
 # Berlin: spring-forward 2026-03-29 02:00->03:00 (at 01:00Z),
@@ -14,6 +17,24 @@ from scheduler._cron import has_fixed_hour, next_after, validate_cron, validate_
 #           fall-back 2026-11-01 02:00->01:00 (at 06:00Z).
 BERLIN = "Europe/Berlin"
 NEW_YORK = "America/New_York"
+
+
+@pytest.fixture(params=["real", "freezegun"])
+def clock(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each DST test runs twice: with real datetimes, and under freezegun, where every datetime
+    the test builds (``utc(...)``) is a FakeDatetime, whose ``astimezone`` drops ``fold``. The
+    memoised results are emptied around it, so neither run reads the other's."""
+    _cron._next.cache_clear()
+    _cron._dst_notes.cache_clear()
+    try:
+        if request.param == "freezegun":
+            with freeze_time("2020-06-01 12:00:00", ignore=["_pytest"]):
+                yield
+        else:
+            yield
+    finally:
+        _cron._next.cache_clear()
+        _cron._dst_notes.cache_clear()
 
 
 def utc(y: int, mo: int, d: int, h: int = 0, mi: int = 0, s: int = 0) -> datetime:
@@ -40,6 +61,7 @@ def hours(start: datetime, count: int, step: timedelta = timedelta(hours=1)) -> 
 # --- fixed-hour expressions: once per local date and wall-clock time ---------------------------
 
 
+@pytest.mark.usefixtures("clock")
 def test_fixed_time_berlin_fall_back_fires_once_at_first_occurrence() -> None:
     got = walk("30 2 * * *", BERLIN, utc(2026, 10, 23, 12), utc(2026, 10, 27, 12))
     assert got == [
@@ -50,6 +72,7 @@ def test_fixed_time_berlin_fall_back_fires_once_at_first_occurrence() -> None:
     ]
 
 
+@pytest.mark.usefixtures("clock")
 def test_fixed_time_berlin_spring_forward_fires_at_first_instant_after_jump() -> None:
     got = walk("30 2 * * *", BERLIN, utc(2026, 3, 27, 12), utc(2026, 3, 31, 12))
     assert got == [
@@ -60,6 +83,7 @@ def test_fixed_time_berlin_spring_forward_fires_at_first_instant_after_jump() ->
     ]
 
 
+@pytest.mark.usefixtures("clock")
 def test_fixed_time_new_york_fall_back_fires_once_at_first_occurrence() -> None:
     got = walk("30 1 * * *", NEW_YORK, utc(2026, 10, 31, 12), utc(2026, 11, 3, 12))
     assert got == [
@@ -69,6 +93,7 @@ def test_fixed_time_new_york_fall_back_fires_once_at_first_occurrence() -> None:
     ]
 
 
+@pytest.mark.usefixtures("clock")
 def test_fixed_time_new_york_spring_forward() -> None:
     got = walk("30 2 * * *", NEW_YORK, utc(2026, 3, 7, 0), utc(2026, 3, 10, 12))
     assert got == [
@@ -83,6 +108,7 @@ def test_fixed_time_new_york_spring_forward() -> None:
     ]
 
 
+@pytest.mark.usefixtures("clock")
 def test_fixed_time_after_inside_repeated_hour_goes_to_next_day() -> None:
     # 01:10Z is 02:10 CET (the second pass): today's 02:30 already ran at 00:30Z
     assert nxt("30 2 * * *", BERLIN, utc(2026, 10, 25, 1, 10)) == utc(2026, 10, 26, 1, 30)
@@ -92,6 +118,7 @@ def test_fixed_time_after_inside_repeated_hour_goes_to_next_day() -> None:
     assert nxt("30 2 * * *", BERLIN, utc(2026, 10, 25, 0, 10)) == utc(2026, 10, 25, 0, 30)
 
 
+@pytest.mark.usefixtures("clock")
 def test_fixed_hour_with_minute_step_runs_the_repeated_hour_once() -> None:
     fall = walk("*/15 2 * * *", BERLIN, utc(2026, 10, 24, 23), utc(2026, 10, 26, 23))
     assert fall == hours(utc(2026, 10, 25, 0), 4, timedelta(minutes=15)) + hours(
@@ -102,6 +129,7 @@ def test_fixed_hour_with_minute_step_runs_the_repeated_hour_once() -> None:
     assert spring == [utc(2026, 3, 29, 1), *hours(utc(2026, 3, 30, 0), 4, timedelta(minutes=15))]
 
 
+@pytest.mark.usefixtures("clock")
 def test_fixed_time_half_hour_dst_zone_fires_once() -> None:
     # Australia/Lord_Howe falls back 30 minutes on 2026-04-05 (02:00 +11 -> 01:30 +10:30)
     got = walk("45 1 * * *", "Australia/Lord_Howe", utc(2026, 4, 3, 12), utc(2026, 4, 6, 12))
@@ -115,6 +143,7 @@ def test_fixed_time_half_hour_dst_zone_fires_once() -> None:
 # --- wildcard and step hours: real time ---------------------------------------------------------
 
 
+@pytest.mark.usefixtures("clock")
 def test_hourly_berlin_follows_real_time() -> None:
     fall = walk("0 * * * *", BERLIN, utc(2026, 10, 24, 21, 30), utc(2026, 10, 25, 3, 30))
     # 00:00, 01:00, 02:00 CEST, 02:00 CET, 03:00, 04:00, 05:00 CET
@@ -126,6 +155,7 @@ def test_hourly_berlin_follows_real_time() -> None:
     assert local == [0, 1, 3, 4, 5]
 
 
+@pytest.mark.usefixtures("clock")
 def test_hourly_new_york_follows_real_time() -> None:
     fall = walk("0 * * * *", NEW_YORK, utc(2026, 11, 1, 3, 30), utc(2026, 11, 1, 8))
     assert fall == hours(utc(2026, 11, 1, 4), 5)  # 00 EDT, 01 EDT, 01 EST, 02 EST, 03 EST
@@ -133,10 +163,12 @@ def test_hourly_new_york_follows_real_time() -> None:
     assert spring == hours(utc(2026, 3, 8, 5), 4)  # 00 EST, 01 EST, 03 EDT, 04 EDT
 
 
+@pytest.mark.usefixtures("clock")
 @pytest.mark.parametrize(
     ("tz", "spring", "fall"),
     [(BERLIN, (3, 29), (10, 25)), (NEW_YORK, (3, 8), (11, 1))],
 )
+@pytest.mark.usefixtures("clock")
 def test_wildcard_hour_slot_counts_per_transition_day(
     tz: str, spring: tuple[int, int], fall: tuple[int, int]
 ) -> None:
@@ -150,6 +182,7 @@ def test_wildcard_hour_slot_counts_per_transition_day(
         assert {b - a for a, b in itertools.pairwise(half)} == {timedelta(minutes=30)}
 
 
+@pytest.mark.usefixtures("clock")
 def test_step_half_hour_berlin_transitions_exact_instants() -> None:
     spring = walk("*/30 * * * *", BERLIN, utc(2026, 3, 28, 23, 45), utc(2026, 3, 29, 1, 30))
     # 01:00, 01:30 CET, 03:00, 03:30 CEST (02:00 and 02:30 do not exist)
@@ -159,15 +192,68 @@ def test_step_half_hour_berlin_transitions_exact_instants() -> None:
     assert fall == hours(utc(2026, 10, 25, 0), 5, timedelta(minutes=30))
 
 
+@pytest.mark.usefixtures("clock")
 def test_step_half_hour_new_york_fall_back_exact_instants() -> None:
     fall = walk("*/30 * * * *", NEW_YORK, utc(2026, 11, 1, 4, 45), utc(2026, 11, 1, 7))
     # 01:00, 01:30 EDT, 01:00, 01:30 EST, 02:00 EST
     assert fall == hours(utc(2026, 11, 1, 5), 5, timedelta(minutes=30))
 
 
+@pytest.mark.usefixtures("clock")
 def test_after_inside_repeated_hour_wildcard() -> None:
     # 01:10Z is 02:10 CET (second pass): the next :20 is 02:20 CET, not 03:20
     assert nxt("20 * * * *", BERLIN, utc(2026, 10, 25, 1, 10)) == utc(2026, 10, 25, 1, 20)
+
+
+# The fall-backs of issue 24, whose shift is not a multiple of the step: each went wrong under
+# freezegun (a repeated slot lost, or one that does not exist fired). As local wall-clock times.
+FALL_BACKS = {
+    # 2027-04-04 02:00 (+11) -> 01:30 (+10:30): 01:40 twice; 01:30 and 01:50 (+10:30) never
+    "lord-howe": (
+        "*/20 * * * *",
+        "Australia/Lord_Howe",
+        (2027, 4, 3, 14, 10),
+        ["01:20+11:00", "01:40+11:00", "01:40+10:30", "02:00+10:30"],
+    ),
+    "berlin-5-every-2h": (
+        "5 */2 * * *",
+        BERLIN,
+        (2027, 10, 30, 21, 0),
+        ["00:05+02:00", "02:05+02:00", "02:05+01:00", "04:05+01:00"],
+    ),
+    "new-york-5-every-2h": (  # hour 1 (the repeated one) is not a slot of */2
+        "5 */2 * * *",
+        NEW_YORK,
+        (2027, 11, 7, 3, 0),
+        ["00:05-04:00", "02:05-05:00", "04:05-05:00"],
+    ),
+    "chatham-every-3h": (
+        "0 */3 * * *",
+        "Pacific/Chatham",
+        (2027, 4, 3, 9, 15),
+        ["00:00+13:45", "03:00+13:45", "03:00+12:45", "06:00+12:45"],
+    ),
+    "berlin-every-3h": (  # 03:00 CEST does not exist: 03:00 CET is next
+        "0 */3 * * *",
+        BERLIN,
+        (2027, 10, 30, 20, 0),
+        ["00:00+02:00", "03:00+01:00", "06:00+01:00"],
+    ),
+}
+
+
+@pytest.mark.usefixtures("clock")
+@pytest.mark.parametrize("case", list(FALL_BACKS))
+def test_step_hours_across_a_fall_back_not_a_multiple_of_the_step(case: str) -> None:
+    expr, tz, after, expected = FALL_BACKS[case]
+    got, at = [], utc(*after)
+    for _ in expected:
+        at = nxt(expr, tz, at)
+        got.append(at)
+    zone = ZoneInfo(tz)
+    # fromutc, not astimezone or fromtimestamp: under freezegun those drop the fold here too
+    local = [zone.fromutc(t.replace(tzinfo=zone)) for t in got]
+    assert [t.isoformat(timespec="minutes")[11:] for t in local] == expected
 
 
 # --- syntax -------------------------------------------------------------------------------------

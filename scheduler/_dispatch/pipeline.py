@@ -51,26 +51,32 @@ def _number(value: Any, _encoding: str) -> bytes:
     return str(value).encode()
 
 
+# Keyed by builtin types only: freezegun replaces ``datetime.datetime`` with its FakeDatetime
+# while time is frozen (in every loaded module's namespace too), so a ``datetime`` key taken
+# at import would be the fake class when the scheduler is first imported under frozen time,
+# and every real datetime would find no encoder after. Datetimes are told by ``isinstance``
+# at call time (FakeDatetime is a subclass, and its metaclass counts real ones as instances).
 _TEXT: dict[type, Callable[[Any, str], bytes | None]] = {
     type(None): lambda _value, _encoding: None,
     bool: lambda value, _encoding: b"t" if value else b"f",
     int: _number,
     float: _number,
     str: lambda value, encoding: value.encode(encoding),
-    datetime: lambda value, _encoding: value.isoformat(sep=" ").encode(),
 }
 
 
 def _text(value: Any, encoding: str) -> bytes | None:
     """A bound value as PostgreSQL's text input (the SQL casts each placeholder)."""
     dump = _TEXT.get(type(value))
-    if dump is None:  # a subclass (an IntEnum, a str subclass): its nearest known base
-        known = (base for base in type(value).__mro__ if base in _TEXT)
-        base = next(known, None)
-        if base is None:
-            raise TypeError(f"no text form for a {type(value).__name__} parameter")
-        dump = _TEXT[base]
-    return dump(value, encoding)
+    if dump is not None:
+        return dump(value, encoding)
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ").encode()
+    # a subclass (an IntEnum, a str subclass): its nearest known base
+    base = next((base for base in type(value).__mro__ if base in _TEXT), None)
+    if base is None:
+        raise TypeError(f"no text form for a {type(value).__name__} parameter")
+    return _TEXT[base](value, encoding)
 
 
 class Spread:

@@ -22,7 +22,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from .._time import iso
+from .._time import in_zone, iso
 from . import rows as _rows
 from . import warned as _warned
 from .engine import Store
@@ -142,7 +142,7 @@ def forget(
 def _row(row: _rows.TaskRow) -> dict[str, Any]:
     # A disabled row's next_run_at is stale (enable computes a new one): it has no next run.
     next_run = row.next_run_at if row.enabled else None
-    local = next_run.astimezone(ZoneInfo(row.timezone)) if next_run else None
+    local = in_zone(next_run, ZoneInfo(row.timezone)) if next_run else None
     failing = row.enabled and row.last_job_state == ABORTED
     return {
         "name": row.name,

@@ -47,11 +47,13 @@ class FinishedCounts:
     """The counts of the finished states, shared by every viewer of one dashboard."""
 
     def __init__(
-        self, app: Scheduler, min_interval: float, clock: Callable[[], float] = time.monotonic
+        self, app: Scheduler, min_interval: float, clock: Callable[[], float] | None = None
     ) -> None:
         self.app = app
         self.min_interval = min_interval
-        self._clock = clock
+        # time.monotonic looked up at each call, not taken as a default at import (freezegun
+        # replaces it while time is frozen: a default would depend on the import order)
+        self._clock = clock or (lambda: time.monotonic())
         self._lock = threading.Lock()
         self._counts: dict[str, int] | None = None
         self._at: datetime | None = None

@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo
 import jinja2
 from markupsafe import Markup, escape
 
-from .._time import iso
+from .._time import in_zone, iso
 
 HERE = Path(__file__).resolve().parent
 OUTCOME_TONES = {
@@ -32,7 +32,7 @@ OUTCOME_TONES = {
 def _local(value: datetime | None, zone: str | None) -> str:
     if value is None:
         return "—"
-    local = value.astimezone(ZoneInfo(zone or "UTC"))
+    local = in_zone(value, ZoneInfo(zone or "UTC"))
     # isoformat is a C call; strftime costs five times as much, and a page has hundreds.
     return f"{local.isoformat(' ', 'seconds')[:19]} {local.tzname()}"
 

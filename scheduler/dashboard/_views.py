@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo
 
 from .. import _cron
 from .._store.rows import TaskRow
+from .._time import in_zone, offset_in
 
 if TYPE_CHECKING:
     from .._app import Scheduler
@@ -34,9 +35,9 @@ def next_fires(row: TaskRow, now: datetime, count: int = NEXT_FIRES) -> list[Fir
     if at is None:
         at = _cron.next_after(row.cron, row.timezone, now, row.name)
     fires: list[Fire] = []
-    previous = now.astimezone(zone).utcoffset()
+    previous = offset_in(zone, now)
     for _ in range(count):
-        offset = at.astimezone(zone).utcoffset()
+        offset = offset_in(zone, at)
         mark = None
         if offset != previous and previous is not None and offset is not None:
             mark = f"{_offset(previous)} → {_offset(offset)}"
@@ -55,7 +56,7 @@ def _offset(delta: Any) -> str:
 def _at(value: datetime | None, zone: str = "UTC") -> str:
     if value is None:
         return "-"
-    local = value.astimezone(ZoneInfo(zone))
+    local = in_zone(value, ZoneInfo(zone))
     utc = "" if zone == "UTC" else f" ({value:%H:%M:%S}Z)"
     return f"{local:%Y-%m-%d %H:%M:%S} {local.tzname()}{utc}"
 
