@@ -64,6 +64,7 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 1.0  # look for ready jobs (and expired leases) at least this often
 SHORT_JOB_SECONDS = 0.05  # jobs shorter than this on average are prefetched
 PREFETCH_FACTOR = 4  # with short jobs, hold up to this many per thread
+SLOW_MEMORY_SECONDS = 60.0  # no prefetch for this long after a job took SHORT_JOB_SECONDS+
 MAX_CLAIM = 200  # most jobs held at once
 HOUSEKEEPING_SECONDS = 60.0  # purge, undelivered alerts, forgotten worker rows
 PRESENCE_SECONDS = 1.0  # at most one write to scheduler_workers per this many seconds
@@ -147,6 +148,7 @@ class Worker:
         self._touched = float("-inf")
         self._ticked_at: datetime | None = None
         self._avg_seconds: float | None = None  # moving average of handler run time
+        self._slow_at = float("-inf")  # when a job last took SHORT_JOB_SECONDS or more
 
     def run(self, *, once: bool = False, install_signals: bool = False) -> WorkerResult:
         """Work until stopped; with ``once``: take over, tick, run what is ready, return."""
@@ -307,12 +309,19 @@ class Worker:
     def _capacity(self) -> int:
         """How many jobs to hold at once: the threads, plus a prefetch while jobs are short.
 
-        Short jobs are claimed (and their outcomes written) several per statement; a job that
-        waits behind a long one could have run elsewhere, so long jobs get no prefetch.
+        Short jobs are claimed (and their outcomes written) several per statement. A job held
+        beyond the threads waits for one of them while another worker may sit idle: so the
+        prefetch needs every recent job short, not only the average. One long job among short
+        ones, or short jobs turning long, stops it for ``SLOW_MEMORY_SECONDS``
+        (benchmarks/worker_split.py, ``short-then-long``).
         """
-        if self._avg_seconds is not None and self._avg_seconds < SHORT_JOB_SECONDS:
+        avg = self._avg_seconds
+        if avg is not None and avg < SHORT_JOB_SECONDS and not self._slow_lately():
             return min(self.concurrency * PREFETCH_FACTOR, MAX_CLAIM)
         return self.concurrency
+
+    def _slow_lately(self) -> bool:
+        return time.monotonic() - self._slow_at < SLOW_MEMORY_SECONDS
 
     def _fill(self, pool: ThreadPoolExecutor) -> int | None:
         """Take over stopped jobs first, then claim ready ones up to capacity; return how
@@ -423,6 +432,8 @@ class Worker:
         ran = time.monotonic() - began
         avg = self._avg_seconds
         self._avg_seconds = ran if avg is None else avg + 0.1 * (ran - avg)
+        if ran >= SHORT_JOB_SECONDS:
+            self._slow_at = time.monotonic()
         # The job stays in _running (leases renewed, slot taken) until its outcome is written.
         self._recorder.submit(outcome, self._when_recorded(job, began))
 

@@ -1,0 +1,87 @@
+"""The worker's prefetch (issue 24, point 8): while its jobs are short it holds up to
+``PREFETCH_FACTOR`` jobs per thread, claimed several per statement; a job held beyond the
+threads waits for one of them while another worker may be idle. So one long job among short
+ones stops the prefetch: the jobs that come next are claimed only for free threads, and the
+rest stay queued for any worker.
+
+Through a real worker on a thread, its claims read back from the database (who holds what).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from scheduler import Scheduler
+from scheduler._handlers import Registry
+from scheduler._store.tables import jobs
+from scheduler._worker import PREFETCH_FACTOR, SHORT_JOB_SECONDS, Worker
+
+THREADS = 2
+
+
+def wait_for(check: Callable[[], bool], seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def count(app: Scheduler, handler: str, state: str) -> int:
+    query = select(func.count()).where(jobs.c.handler == handler, jobs.c.state == state)
+    with app.store.read() as conn:
+        return int(conn.execute(query).scalar_one())
+
+
+@pytest.fixture
+def app(db_url_sp: str) -> Iterator[Scheduler]:
+    app = Scheduler(db_url_sp, registry=Registry())
+    yield app
+    app.close()
+
+
+@pytest.mark.parametrize("long_job_before", [False, True], ids=["all-short", "one-long"])
+def test_a_long_job_among_short_ones_stops_the_prefetch(
+    app: Scheduler, long_job_before: bool
+) -> None:
+    release = threading.Event()
+
+    @app.handler("t.short", retry_safe=True)
+    def short(job: Any) -> None:
+        return None
+
+    @app.handler("t.long", retry_safe=True)
+    def long(job: Any) -> None:
+        time.sleep(SHORT_JOB_SECONDS * 1.5)
+
+    @app.handler("t.blocked", retry_safe=True)
+    def blocked(job: Any) -> None:
+        release.wait(30)
+
+    worker = Worker(app, concurrency=THREADS)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    for _ in range(20):
+        app.enqueue("t.short", {})
+    thread.start()
+    try:
+        wait_for(lambda: count(app, "t.short", "succeeded") == 20, 20, "the short jobs")
+        if long_job_before:
+            app.enqueue("t.long", {})
+            wait_for(lambda: count(app, "t.long", "succeeded") == 1, 20, "the long job")
+        for _ in range(3 * THREADS * PREFETCH_FACTOR):
+            app.enqueue("t.blocked", {})
+        wait_for(lambda: count(app, "t.blocked", "claimed") >= THREADS, 20, "a claim")
+        time.sleep(0.3)  # a claim has ended: the worker's threads are all busy now
+        held = count(app, "t.blocked", "claimed")
+    finally:
+        release.set()
+        worker.stop()
+        thread.join(30)
+    # the average stays short either way (one 75 ms job after twenty no-ops)
+    assert held == (THREADS if long_job_before else THREADS * PREFETCH_FACTOR)
