@@ -64,7 +64,8 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 1.0  # look for ready jobs (and expired leases) at least this often
 SHORT_JOB_SECONDS = 0.05  # jobs shorter than this on average are prefetched
 PREFETCH_FACTOR = 4  # with short jobs, hold up to this many per thread
-SLOW_MEMORY_SECONDS = 60.0  # no prefetch for this long after a job took SHORT_JOB_SECONDS+
+SLOW_JOB_SECONDS = 0.5  # a job this long stops the prefetch for SLOW_MEMORY_SECONDS
+SLOW_MEMORY_SECONDS = 60.0
 MAX_CLAIM = 200  # most jobs held at once
 HOUSEKEEPING_SECONDS = 60.0  # purge, undelivered alerts, forgotten worker rows
 PRESENCE_SECONDS = 1.0  # at most one write to scheduler_workers per this many seconds
@@ -148,7 +149,7 @@ class Worker:
         self._touched = float("-inf")
         self._ticked_at: datetime | None = None
         self._avg_seconds: float | None = None  # moving average of handler run time
-        self._slow_at = float("-inf")  # when a job last took SHORT_JOB_SECONDS or more
+        self._slow_at = float("-inf")  # when a job last took SLOW_JOB_SECONDS or more
 
     def run(self, *, once: bool = False, install_signals: bool = False) -> WorkerResult:
         """Work until stopped; with ``once``: take over, tick, run what is ready, return."""
@@ -310,10 +311,12 @@ class Worker:
         """How many jobs to hold at once: the threads, plus a prefetch while jobs are short.
 
         Short jobs are claimed (and their outcomes written) several per statement. A job held
-        beyond the threads waits for one of them while another worker may sit idle: so the
-        prefetch needs every recent job short, not only the average. One long job among short
-        ones, or short jobs turning long, stops it for ``SLOW_MEMORY_SECONDS``
-        (benchmarks/worker_split.py, ``short-then-long``).
+        beyond the threads waits for one of them while another worker may sit idle, so the
+        average is not enough: one job of ``SLOW_JOB_SECONDS`` or more (a long job among short
+        ones, or short jobs turning long) stops the prefetch for ``SLOW_MEMORY_SECONDS``
+        (benchmarks/worker_split.py, ``short-then-long``). Not any job over the average's
+        bound: on a busy host a no-op job's wall time can reach it, and a worker whose
+        prefetch went off at each such spike would claim four times as often.
         """
         avg = self._avg_seconds
         if avg is not None and avg < SHORT_JOB_SECONDS and not self._slow_lately():
@@ -432,7 +435,7 @@ class Worker:
         ran = time.monotonic() - began
         avg = self._avg_seconds
         self._avg_seconds = ran if avg is None else avg + 0.1 * (ran - avg)
-        if ran >= SHORT_JOB_SECONDS:
+        if ran >= SLOW_JOB_SECONDS:
             self._slow_at = time.monotonic()
         # The job stays in _running (leases renewed, slot taken) until its outcome is written.
         self._recorder.submit(outcome, self._when_recorded(job, began))

@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 from scheduler import Scheduler
 from scheduler._handlers import Registry
 from scheduler._store.tables import jobs
-from scheduler._worker import PREFETCH_FACTOR, SHORT_JOB_SECONDS, Worker
+from scheduler._worker import PREFETCH_FACTOR, SLOW_JOB_SECONDS, Worker
 
 THREADS = 2
 
@@ -58,7 +58,7 @@ def test_a_long_job_among_short_ones_stops_the_prefetch(
 
     @app.handler("t.long", retry_safe=True)
     def long(job: Any) -> None:
-        time.sleep(SHORT_JOB_SECONDS * 1.5)
+        time.sleep(SLOW_JOB_SECONDS * 1.2)
 
     @app.handler("t.blocked", retry_safe=True)
     def blocked(job: Any) -> None:
@@ -74,6 +74,9 @@ def test_a_long_job_among_short_ones_stops_the_prefetch(
         if long_job_before:
             app.enqueue("t.long", {})
             wait_for(lambda: count(app, "t.long", "succeeded") == 1, 20, "the long job")
+            for _ in range(10):  # the moving average back under its bound
+                app.enqueue("t.short", {})
+            wait_for(lambda: count(app, "t.short", "succeeded") == 30, 20, "more short jobs")
         for _ in range(3 * THREADS * PREFETCH_FACTOR):
             app.enqueue("t.blocked", {})
         wait_for(lambda: count(app, "t.blocked", "claimed") >= THREADS, 20, "a claim")
@@ -83,5 +86,6 @@ def test_a_long_job_among_short_ones_stops_the_prefetch(
         release.set()
         worker.stop()
         thread.join(30)
-    # the average stays short either way (one 75 ms job after twenty no-ops)
+    # the moving average of run times is short either way (0.6 s among 30 no-ops: 0.06 s
+    # right after it, 0.02 s ten jobs later)
     assert held == (THREADS if long_job_before else THREADS * PREFETCH_FACTOR)
