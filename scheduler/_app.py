@@ -495,7 +495,13 @@ class Scheduler:
         task's current job. Raises :class:`~scheduler.JobStateError` in any other state."""
 
         def change(conn: Any, now: datetime) -> Job:
-            return _jobs.requeue(conn, job_id, now=now, job_defaults=self._job_defaults)
+            return _jobs.requeue(
+                conn,
+                job_id,
+                now=now,
+                job_defaults=self._job_defaults,
+                registered=self.registry.__contains__,
+            )
 
         return self._audited_job("retry", job_id, reason, actor, change)
 

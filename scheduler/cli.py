@@ -628,9 +628,13 @@ def retry_command(state: State, job_id: int, reason: str | None, actor: str | No
     """Requeue job ID, which must be aborted: attempts reset, run again (dead-letter retry).
 
     A task's job must be the task's current one (or one `backfill` made): it runs again in
-    place, with the task's current handler and payload; no second job is made.
+    place, with the task's current handler and payload; no second job is made. Handler
+    modules in [worker] imports are imported first: the job takes its handler's max_attempts
+    and queue, as the worker's jobs do.
     """
-    found = state.open().retry_job(job_id, reason=reason, actor=actor)
+    app = state.open()
+    state.import_handlers()  # the job takes its handler's max_attempts and queue
+    found = app.retry_job(job_id, reason=reason, actor=actor)
     click.echo(f"job {found.id} queued again: attempts reset, runs at {_iso(found.run_at)}")
 
 
@@ -677,9 +681,13 @@ def backfill(
     The slots are the task's cron in its timezone; T is ISO-8601, and without an offset it is
     the task's local time. A slot that already has a job of the task is skipped, so running
     it twice enqueues nothing twice. Backfilled jobs leave the task's failure count and rerun
-    in place alone; a failed one stays aborted (see `scheduler retry`).
+    in place alone; a failed one stays aborted (see `scheduler retry`). Handler modules in
+    [worker] imports are imported first: the jobs take their handler's max_attempts and queue.
     """
-    result = state.open().backfill(
+    app = state.open()
+    state.import_handlers()  # the jobs take their handler's max_attempts and queue
+    row = app.get_row(name)
+    result = app.backfill(
         name,
         _parse_instant(start, "--from"),
         _parse_instant(end, "--to"),
@@ -688,10 +696,13 @@ def backfill(
         reason=reason,
         actor=actor,
     )
+    if row is not None and result.enqueued:  # their jobs would abort with no_handler
+        for problem in unknown_handlers(app, [(row.name, row.handler)]):
+            click.echo(f"warning: {problem}", err=True)
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
         return
-    zone = ZoneInfo(state.open().get_row(name).timezone)  # type: ignore[union-attr]
+    zone = ZoneInfo(row.timezone if row is not None else "UTC")
     taken = set(result.taken)
     for slot in result.slots:
         local = slot.astimezone(zone)

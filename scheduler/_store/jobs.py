@@ -637,12 +637,17 @@ def requeue(
     *,
     now: datetime,
     job_defaults: Callable[[str], tuple[int, str]],
+    registered: Callable[[str], bool] | None = None,
 ) -> Job:
     """Move an ``aborted`` job back to ``queued`` with its attempts reset (the dead-letter
     requeue). A task's job must be the task's current job (``last_job_id``): it becomes a fresh
     run of it, handler and payload refreshed from the row, as a rerun in place does. A job
     ``backfill`` made is the other job of a task that may be retried: it runs its slot again,
     and the row (``last_job_id``, ``consecutive_failures``) is not touched.
+
+    ``max_attempts`` and queue come from ``job_defaults`` (the handler's registration); when
+    the handler is unchanged and ``registered`` says this process does not know it (a retry
+    from a dashboard that imports no handlers), the job keeps its own.
 
     One conditional UPDATE (``state = 'aborted'``), its row count checked: a job that changed
     meanwhile is refused, never requeued twice.
@@ -668,6 +673,12 @@ def requeue(
                     f" (job {row.last_job_id}): retry that one, or trigger the task"
                 )
             max_attempts, queue = job_defaults(row.handler)
+            if (
+                row.handler == job.handler
+                and registered is not None
+                and not registered(job.handler)
+            ):
+                max_attempts, queue = job.max_attempts, job.queue
             values.update(
                 handler=row.handler,
                 payload=row.payload,
