@@ -29,7 +29,7 @@ from ._config import (
     load_config,
     normalize_database_url,
 )
-from ._errors import ConfigError, SchedulerError, SchemaOutdated
+from ._errors import ConfigError, SchedulerError, SchemaOutdated, UnknownRow
 from ._handlers import AbandonedHook, F, Registry, TenantContext
 from ._payload import encode_payload
 from ._retry import retry
@@ -486,9 +486,13 @@ class Scheduler:
             return _jobs.get_job(conn, job_id)
 
     def history(self, job_id: int) -> list[dict[str, Any]]:
-        """Every finished attempt of a job, oldest first."""
+        """Every finished attempt of a job, oldest first. Raises
+        :class:`~scheduler.JobStateError` for a job that does not exist (or was purged)."""
         with self.store.read() as conn:
-            return _jobs.history(conn, job_id)
+            found = _jobs.history(conn, job_id)
+            if not found and not _jobs.job_exists(conn, job_id):
+                raise _jobs.JobStateError(f"no job {job_id}")
+            return found
 
     def retry_job(self, job_id: int, *, reason: str | None = None, actor: str | None = None) -> Job:
         """Requeue an ``aborted`` job, attempts reset; a task's job becomes a fresh run of the
@@ -556,15 +560,17 @@ class Scheduler:
         limit: int = _jobs.LIST_LIMIT,
     ) -> list[Job]:
         """Jobs, newest first, ``limit`` of them (50 by default), filtered by each argument
-        given. ``state`` must be one of queued, claimed, succeeded, aborted."""
+        given. ``state`` must be one of queued, claimed, succeeded, aborted. A ``task`` that
+        no row has and no kept job names raises :class:`~scheduler.UnknownRow`."""
         if state is not None and state not in _jobs.STATES:
             raise ValueError(f"state {state!r}: expected one of {', '.join(_jobs.STATES)}")
         if limit < 1:
             raise ValueError("limit must be at least 1")
         if tenant is not None and (problem := _jobs.tenant_problem(tenant)) is not None:
             raise ValueError(f"tenant: {problem}")  # no job can have it: say so, not "no jobs"
+        _jobs.check_text(handler=handler, queue=queue)  # longer: no job can have it
         with self.store.read() as conn:
-            return _jobs.list_jobs(
+            found = _jobs.list_jobs(
                 conn,
                 state=state,
                 task=task,
@@ -573,6 +579,9 @@ class Scheduler:
                 tenant=tenant,
                 limit=limit,
             )
+            if not found and task is not None:
+                _known_task(conn, task)
+            return found
 
     def backfill(
         self,
@@ -629,9 +638,26 @@ class Scheduler:
         raise SchedulerError(f"backfill {name!r}: the task kept changing meanwhile; try again")
 
     def audit(self, name: str | None = None, limit: int = _audit.DEFAULT_LIMIT) -> list[AuditEntry]:
-        """The audit log, newest first: ``limit`` entries, of target ``name`` if given."""
+        """The audit log, newest first: ``limit`` entries, of target ``name`` if given: a
+        task's name, or ``job ID`` (the job's own entries, also those filed under its task).
+
+        A ``name`` with no entries that names no task (no row, no kept job of it) raises
+        :class:`~scheduler.UnknownRow`; a ``job ID`` of no job, :class:`~scheduler.JobStateError`.
+        """
         with self.store.read() as conn:
-            return _audit.entries(conn, name, limit)
+            job_id = _job_target(name)
+            job = _jobs.get_job(conn, job_id) if job_id is not None else None
+            found = _audit.entries(
+                conn, name, limit, job_task=job.task_name if job is not None else None
+            )
+            if found or name is None:
+                return found
+            if job_id is not None:
+                if job is None:
+                    raise _jobs.JobStateError(f"no job {job_id}")
+            else:
+                _known_task(conn, name)
+            return found
 
     def runner(self) -> Runner:
         w = self.worker_settings
@@ -724,6 +750,21 @@ class Scheduler:
                 self._loop.close()
                 self._loop = None
         self.store.dispose()
+
+
+def _job_target(name: str | None) -> int | None:
+    """N for an audit target ``job N``, else None."""
+    if name is None or not name.startswith("job "):
+        return None
+    number = name.removeprefix("job ")
+    return int(number) if number.isdigit() and number == str(int(number)) else None
+
+
+def _known_task(conn: Any, name: str) -> None:
+    """Raise :class:`UnknownRow` unless a row has ``name`` or a kept job names it (a task
+    removed from the file stays a disabled row, so it is known)."""
+    if _rows.get_row(conn, name) is None and not _jobs.task_has_jobs(conn, name):
+        raise UnknownRow(f"no task named {name!r} (run `scheduler sync`?)")
 
 
 def _loop_running() -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, delete, insert, select
+from sqlalchemy import Connection, delete, insert, or_, select
 
 from .._time import iso
 from .tables import audit
@@ -100,12 +100,20 @@ def record(
 
 
 def entries(
-    conn: Connection, name: str | None = None, limit: int = DEFAULT_LIMIT
+    conn: Connection,
+    name: str | None = None,
+    limit: int = DEFAULT_LIMIT,
+    *,
+    job_task: str | None = None,
 ) -> list[AuditEntry]:
     """The newest ``limit`` entries, newest first; with ``name``, those whose target it is
-    (through the ``(target, id)`` index)."""
+    (through the ``(target, id)`` index). ``job_task``: ``name`` is ``job ID`` of that task's
+    job, whose retries and cancels are filed under the task with the job in their detail."""
     stmt = select(audit).order_by(audit.c.id.desc()).limit(limit)
-    if name is not None:
+    if name is not None and job_task is not None:
+        of_task = (audit.c.target == job_task) & (audit.c.detail == name)
+        stmt = stmt.where(or_(audit.c.target == name, of_task))
+    elif name is not None:
         stmt = stmt.where(audit.c.target == name)
     return [
         AuditEntry(

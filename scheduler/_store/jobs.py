@@ -550,6 +550,16 @@ def history(conn: Connection, job_id: int) -> list[dict[str, Any]]:
     return [dict(r._mapping) for r in conn.execute(stmt)]
 
 
+def job_exists(conn: Connection, job_id: int) -> bool:
+    return conn.execute(select(jobs.c.id).where(jobs.c.id == job_id)).first() is not None
+
+
+def task_has_jobs(conn: Connection, name: str) -> bool:
+    """Whether any job of task ``name`` is kept (one entry of the ``(task_name, id)`` index)."""
+    stmt = select(jobs.c.id).where(jobs.c.task_name == name).limit(1)
+    return conn.execute(stmt).first() is not None
+
+
 #: ``scheduler jobs`` lists this many unless told otherwise.
 LIST_LIMIT = 50
 

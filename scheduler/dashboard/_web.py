@@ -283,7 +283,11 @@ def create_app(
     @page
     def audit(request: Request) -> Response:
         target = request.query_params.get("target", "").strip()
-        entries = app.audit(target or None, limit=AUDIT_PAGE)
+        try:
+            entries = app.audit(target or None, limit=AUDIT_PAGE)
+        except SchedulerError:  # no task or job of that name: say so, not "nothing yet"
+            what = target if target.startswith("job ") else f"task {target!r}"
+            return dash.render(request, "missing.html", {"what": what}, 404)
         return dash.render(request, "audit.html", {"entries": entries, "target": target})
 
     # -- sign in and out -------------------------------------------------------------------
