@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import os
 import socket
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Coroutine, Iterable
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import URL, Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
-from . import _alerts, _backfill, _migrate, _tick, _tracing, signals
+from . import _limits, _migrate, signals
 from ._config import (
     AppConfig,
     DashboardSettings,
@@ -31,9 +31,7 @@ from ._config import (
 )
 from ._errors import ConfigError, SchedulerError, SchemaOutdated, UnknownRow
 from ._handlers import AbandonedHook, F, Registry, TenantContext
-from ._payload import encode_payload
 from ._retry import retry
-from ._runner import RecordedHook, Runner
 from ._store import Store, make_engine
 from ._store import audit as _audit
 from ._store import clock as _clock
@@ -45,8 +43,17 @@ from ._store.audit import AuditEntry
 from ._store.engine import DatabaseSettings
 from ._store.jobs import Job
 from ._store.rows import SyncPlan, TaskRow
-from ._tick import TickReport
 from ._time import Clock, as_utc, iso
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from . import _backfill
+    from ._runner import RecordedHook, Runner
+    from ._tick import TickReport
+
+# The tick, the runner, backfill and alerts (croniter, the dispatch paths) are imported by the
+# methods that use them: `scheduler status` and the dashboard's pages never do.
 
 #: Handlers registered with ``@app.handler`` land here unless a Scheduler gets its own
 #: ``registry``, so a worker started by the CLI sees the handlers its imports registered.
@@ -358,6 +365,8 @@ class Scheduler:
         self._tick_recorded_at = now
 
     def _tick(self, now: datetime | None = None) -> TickReport:
+        from . import _tick
+
         """The tick without its record (a running worker records its ticks itself)."""
         self.check_schema()
         return _tick.tick(
@@ -430,6 +439,8 @@ class Scheduler:
     def deliver_pending_alerts(self, older_than: float = 30.0) -> int:
         """Deliver ``row_disabled`` alerts whose receivers never ran (a crash after commit)."""
         with self.store.engine.connect() as conn:
+            from . import _alerts
+
             return _alerts.deliver_pending(
                 conn, now=self.clock(), older_than=timedelta(seconds=older_than)
             )
@@ -458,6 +469,9 @@ class Scheduler:
         """
         if tenant is not None:
             _jobs.check_tenant(tenant)
+        from . import _tracing
+        from ._payload import encode_payload
+
         text = encode_payload(payload, self.settings.payload_limit_bytes)
         default_attempts, default_queue = self._job_defaults(handler)
         if max_attempts is not None and max_attempts < 1:
@@ -590,7 +604,7 @@ class Scheduler:
         end: datetime,
         *,
         dry_run: bool = False,
-        max_slots: int = _backfill.DEFAULT_MAX,
+        max_slots: int = _limits.BACKFILL_MAX,
         reason: str | None = None,
         actor: str | None = None,
     ) -> _backfill.BackfillResult:
@@ -602,6 +616,8 @@ class Scheduler:
         is written; ``dry_run`` writes nothing. Running it twice enqueues nothing twice, also
         from two processes at once (docs/howto/operate.md).
         """
+        from . import _backfill
+
         self.check_schema()
         who, why = _audit.check(actor, reason)
 
@@ -660,6 +676,8 @@ class Scheduler:
             return found
 
     def runner(self) -> Runner:
+        from ._runner import Runner
+
         w = self.worker_settings
         return Runner(
             self.store,
@@ -679,6 +697,8 @@ class Scheduler:
         :meth:`close`, so clients an async handler keeps between runs stay on one loop)."""
         with self._loop_lock:  # one loop, one run at a time (app.work() from many threads)
             if self._loop is None:
+                import asyncio
+
                 self._loop = asyncio.Runner()
             return self._loop.run(coro)
 
@@ -700,6 +720,8 @@ class Scheduler:
     async def work_async(self, limit: int | None = None) -> int:
         """:meth:`work` from ``async def`` code: async handlers run on the calling event loop
         (so they share its clients), sync ones and the database writes in threads."""
+        import asyncio
+
         await asyncio.to_thread(self.check_schema)
         return await self.runner().work_async(limit)
 
@@ -768,6 +790,9 @@ def _known_task(conn: Any, name: str) -> None:
 
 
 def _loop_running() -> bool:
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None:  # not imported: no loop is running
+        return False
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -20,19 +20,21 @@ import sys
 import traceback
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 from zoneinfo import ZoneInfo
 
 import click
-from sqlalchemy.exc import SQLAlchemyError
 
-from . import __version__, _migrate
-from ._app import Scheduler
-from ._backfill import DEFAULT_MAX
 from ._errors import ConfigError, SchedulerError
-from ._store.audit import DEFAULT_LIMIT as AUDIT_LIMIT
-from ._store.jobs import LIST_LIMIT, STATES, Job, JobStateError
+from ._limits import AUDIT_LIMIT, BACKFILL_MAX, JOB_STATES, LIST_LIMIT
 from ._time import iso
+
+if TYPE_CHECKING:
+    from ._app import Scheduler
+    from ._store.jobs import Job
+
+# Each command imports what it needs when it runs: `scheduler --help` imports no SQLAlchemy,
+# Alembic or croniter (tests/test_cli.py counts), and `status` no Alembic.
 
 CONFIG_ENV = "SCHEDULER_CONFIG"
 DEFAULT_CONFIG = "app.toml"
@@ -42,7 +44,8 @@ log = logging.getLogger("scheduler.cli")  # also when run as `python -m schedule
 
 def describe(exc: BaseException) -> str:
     """One line saying what went wrong."""
-    if isinstance(exc, SQLAlchemyError):
+    sqlalchemy_exc = sys.modules.get("sqlalchemy.exc")  # not imported: not its error
+    if sqlalchemy_exc is not None and isinstance(exc, sqlalchemy_exc.SQLAlchemyError):
         orig = getattr(exc, "orig", None)
         lines = [ln.strip() for ln in str(orig if orig is not None else exc).splitlines()]
         return f"database error: {next((ln for ln in lines if ln), type(exc).__name__)}"
@@ -93,6 +96,8 @@ class State:
                     f" {DEFAULT_CONFIG} in the current directory"
                 )
             path = os.path.abspath(self.config or DEFAULT_CONFIG)
+            from ._app import Scheduler
+
             self.app = Scheduler.from_toml(path)
             os.environ[CONFIG_ENV] = path  # handler modules may build their own app from it
         if check_schema:
@@ -150,7 +155,7 @@ def audited(command: Callable[..., Any]) -> Callable[..., Any]:
     envvar="SCHEDULER_LOG_LEVEL",
     help="Log level (logs go to stderr).",
 )
-@click.version_option(__version__, "--version", prog_name="scheduler")
+@click.version_option(None, "--version", package_name="scheduler", prog_name="scheduler")
 @click.pass_context
 def cli(ctx: click.Context, config: str | None, debug: bool, log_level: str) -> None:
     """Recurring tasks with rerun-in-place, on a durable SQL job queue."""
@@ -172,6 +177,8 @@ def cli(ctx: click.Context, config: str | None, debug: bool, log_level: str) -> 
 @pass_state
 def migrate(state: State, revision: str) -> None:
     """Create or upgrade the database schema (or move it to --revision)."""
+    from . import _migrate
+
     app = state.open(check_schema=False)
     app.migrate(revision)
     current = _migrate.current_revision(app.store)
@@ -445,27 +452,29 @@ def _print_status(data: dict[str, Any]) -> None:
         click.echo(f"warning: {warning}")
 
 
-def _row_command(name: str, action: Callable[..., object], done: str, doc: str) -> None:
+def _row_command(name: str, action: str, done: str, doc: str) -> None:
+    """Command ``name`` calls the Scheduler's method ``action`` with the task's name."""
+
     @cli.command(name=name, help=doc)
     @click.argument("row", metavar="NAME")
     @audited
     @pass_state
     def command(state: State, row: str, reason: str | None, actor: str | None) -> None:
-        changed = action(state.open(), row, reason=reason, actor=actor)
+        changed = getattr(state.open(), action)(row, reason=reason, actor=actor)
         click.echo((ALREADY if changed is False else done).format(row=repr(row)))
 
 
 ENABLED = "enabled {row}: failures reset, next run computed from now"
 ALREADY = "{row} was already enabled: nothing changed"
 TRIGGERED = "triggered {row}: due now; the next tick dispatches it (same gates)"
-_row_command("enable", Scheduler.enable, ENABLED, "Re-enable task NAME, reset its failures.")
+_row_command("enable", "enable", ENABLED, "Re-enable task NAME, reset its failures.")
 _row_command(
     "disable",
-    Scheduler.disable,
+    "disable",
     "disabled {row}",
     "Pause task NAME (until enable); --reason is shown by `status`.",
 )
-_row_command("trigger", Scheduler.trigger, TRIGGERED, "Make task NAME due now (same gates).")
+_row_command("trigger", "trigger", TRIGGERED, "Make task NAME due now (same gates).")
 
 
 # -- operators: jobs, job, retry, cancel, backfill, audit (SPEC §10) -------------------------
@@ -507,7 +516,7 @@ JOBS_HEADER = "ID|TASK|HANDLER|QUEUE|STATE|ATTEMPTS|RUN AT / FINISHED (UTC)|ERRO
 @click.option(
     "--state",
     "job_state",
-    type=click.Choice([s.value for s in STATES]),
+    type=click.Choice(JOB_STATES),
     help="Only jobs in this state.",
 )
 @click.option("--task", metavar="NAME", help="Only the jobs of this task.")
@@ -569,6 +578,8 @@ RUNS_HEADER = "ATTEMPT|STARTED (UTC)|FINISHED (UTC)|OUTCOME|ERROR|WORKER"
 @pass_state
 def job(state: State, job_id: int, as_json: bool) -> None:
     """Show job ID and its attempts (the run history)."""
+    from ._store.jobs import JobStateError
+
     app = state.open()
     found = app.get_job(job_id)
     if found is None:
@@ -657,7 +668,7 @@ def cancel_command(state: State, job_id: int, reason: str | None, actor: str | N
     "--max",
     "max_slots",
     type=click.IntRange(min=1),
-    default=DEFAULT_MAX,
+    default=BACKFILL_MAX,
     show_default=True,
     metavar="N",
     help="Refuse a range of more than N slots.",

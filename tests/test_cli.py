@@ -468,3 +468,34 @@ def test_backfill_and_retry_take_the_registered_max_attempts_and_queue(
     shown = ok(run_cli(tmp_path, "job", job_id))
     assert re.search(r"^attempts:\s+0 of 1$", shown, re.M), shown
     assert re.search(r"^queue:\s+slow ", shown, re.M)
+
+
+IMPORT_PROBE = """
+import atexit, sys
+heavy = ("sqlalchemy", "alembic", "croniter")
+atexit.register(lambda: print("imported:", *[m for m in heavy if m in sys.modules], file=sys.stderr))
+from scheduler.cli import main
+main()
+"""
+
+
+def imported(cwd: Path, *args: str) -> list[str]:
+    """The heavy libraries a `scheduler ARGS` process imported (a count, not a timing)."""
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORT_PROBE, *args], cwd=cwd, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stderr.strip().splitlines()[-1].split()[1:]
+
+
+def test_help_imports_no_database_or_cron_library(tmp_path: Path, sqlite_template: Path) -> None:
+    """`--help` (of the program and of a command) and `--version` import none of SQLAlchemy,
+    Alembic, croniter; `status` on an up-to-date schema imports no Alembic (the schema check
+    reads the version table itself). See benchmarks/cli_startup.py for the timings."""
+    for args in (["--help"], ["status", "--help"], ["backfill", "--help"], ["--version"]):
+        assert imported(tmp_path, *args) == [], args
+    db = tmp_path / "probe.db"
+    shutil.copy(sqlite_template, db)
+    write_config(tmp_path, f"sqlite:///{db}", tasks=TASK)
+    assert "alembic" not in imported(tmp_path, "status")
+    assert "alembic" not in imported(tmp_path, "jobs")

@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, insert, or_, select
 
+from .. import _limits
 from .._time import iso
 from .tables import audit
 
@@ -23,7 +24,7 @@ ACTOR_ENV = "SCHEDULER_ACTOR"
 REASON_LIMIT = 500
 ACTOR_LIMIT = 200
 DETAIL_LIMIT = 1000
-DEFAULT_LIMIT = 50
+DEFAULT_LIMIT = _limits.AUDIT_LIMIT
 
 #: The actions that write an entry.
 ACTIONS = ("enable", "disable", "trigger", "sync", "retry", "cancel", "backfill")

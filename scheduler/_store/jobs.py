@@ -33,6 +33,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.dml import Update
 from sqlalchemy.sql.elements import BindParameter
 
+from .. import _limits
 from .._errors import SchedulerError
 from .._payload import decode_payload
 from .._retry import retry
@@ -561,7 +562,7 @@ def task_has_jobs(conn: Connection, name: str) -> bool:
 
 
 #: ``scheduler jobs`` lists this many unless told otherwise.
-LIST_LIMIT = 50
+LIST_LIMIT = _limits.LIST_LIMIT
 
 
 def list_statement(
