@@ -473,7 +473,8 @@ def test_backfill_and_retry_take_the_registered_max_attempts_and_queue(
 IMPORT_PROBE = """
 import atexit, sys
 heavy = ("sqlalchemy", "alembic", "croniter")
-atexit.register(lambda: print("imported:", *[m for m in heavy if m in sys.modules], file=sys.stderr))
+found = lambda: [m for m in heavy if m in sys.modules]
+atexit.register(lambda: print("imported:", *found(), file=sys.stderr))
 from scheduler.cli import main
 main()
 """
