@@ -764,7 +764,15 @@ class Scheduler:
 
     def status(self) -> dict[str, Any]:
         """Rows, job counts and health: the data of ``scheduler status --json``."""
-        return _health.status(self)
+        self.check_schema()
+        return _health.status(self.store, self.clock(), self.health_settings())
+
+    def health_settings(self) -> _health.HealthSettings:
+        """What ``status`` and the dashboard's health page need of this Scheduler's settings."""
+        return _health.HealthSettings(
+            max_consecutive_failures=self.settings.max_consecutive_failures,
+            clock_mode=self.clock_mode,
+        )
 
     def close(self) -> None:
         with self._loop_lock:

@@ -46,20 +46,23 @@ class TaskSpec:
     concurrent: bool = False
     max_consecutive_failures: int | None = None  # None: use [scheduler]'s; 0 = unlimited
     enabled: bool = True
-    overlap: str | None = None
-    """While the last job is in flight: "hold" (the default), "skip" or "allow"; None: "allow"
-    when ``concurrent`` is true (its alias), else "hold"."""
+    overlap: str = "hold"
+    """While the last job is in flight: "hold" (the default), "skip" or "allow".
+    ``concurrent=True`` is its alias: it makes the default "allow" (and another value beside
+    it is refused by ``sync``, as in the file); None is taken as the default."""
     catchup_window: int = 0
     """Seconds a slot may be late before it is missed instead of run; 0: unlimited."""
     jitter: int = 0
     """Each slot fires at a deterministic delay in [0, jitter) seconds; 0: none."""
 
+    def __post_init__(self) -> None:
+        if self.overlap is None or (self.concurrent and self.overlap == "hold"):
+            object.__setattr__(self, "overlap", "allow" if self.concurrent else "hold")
+
     @property
     def policy(self) -> str:
-        """The overlap policy in force ("allow" for ``concurrent = true``)."""
-        if self.overlap is not None:
-            return self.overlap
-        return "allow" if self.concurrent else "hold"
+        """The overlap policy in force (``overlap``; kept for older callers)."""
+        return self.overlap
 
     tenant: str | None = None  # whose task: its jobs carry it (``job.tenant``)
 
@@ -415,7 +418,7 @@ def _task(t: _Table, name: str, settings: SchedulerSettings) -> TaskSpec:
         concurrent=t.flag("concurrent"),
         max_consecutive_failures=t.integer(limit, 0) if limit in t.data else None,
         enabled=t.flag("enabled"),
-        overlap=_overlap(t),
+        overlap=_overlap(t) or ("allow" if t.flag("concurrent") else "hold"),
         catchup_window=t.integer("catchup_window", 0),
         jitter=t.integer("jitter", 0),
         tenant=tenant,

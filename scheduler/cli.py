@@ -366,7 +366,10 @@ def _print_explain(data: dict[str, Any]) -> None:
         f"policies: overlap {p['overlap']}, catchup_window {window}, jitter {jitter},"
         f" max_consecutive_failures {limit}; cron {p['cron']!r} in {p['timezone']}"
     )
-    click.echo(f"\nnext fires ({p['timezone']} | UTC):")
+    utc_only = p["timezone"] == "UTC"  # one column: the same instants
+    click.echo(f"\nnext fires ({'UTC' if utc_only else p['timezone'] + ' | UTC'}):")
+    if not data["enabled"]:
+        click.echo(f"  none: the task is disabled (`scheduler enable {data['name']}` re-arms it)")
     for fire in data["next_fires"]:
         marks = []
         if fire["dst"]:
@@ -378,7 +381,7 @@ def _print_explain(data: dict[str, Any]) -> None:
         if fire["at"] != fire["slot"]:
             marks.append(f"slot {fire['slot']} + jitter")
         local = datetime.fromisoformat(fire["at"]).astimezone(ZoneInfo(p["timezone"]))
-        line = f"  {local:%Y-%m-%d %H:%M:%S %Z}  {fire['at']}"
+        line = f"  {local:%Y-%m-%d %H:%M:%S %Z}" + ("" if utc_only else f"  {fire['at']}")
         click.echo(f"{line}  {'; '.join(marks)}".rstrip())
     click.echo("\ndecisions (newest first):")
     for d in data["decisions"]:
@@ -392,7 +395,7 @@ def _print_explain(data: dict[str, Any]) -> None:
     for r in data["runs"]:
         code = f" {r['error_code']}" if r["error_code"] else ""
         click.echo(
-            f"  {r['finished_at']}  job {r['job_id']} attempt {r['attempt']}"
+            f"  {r['finished_at']}  job {r['job_id']} run {r['run']} attempt {r['attempt']}"
             f"  {r['outcome']}{code}  {r['worker'] or ''}".rstrip()
         )
     if not data["runs"]:
@@ -414,6 +417,8 @@ def _table_row(row: dict[str, Any]) -> list[str]:
     if row.get("disabled_note"):
         why = f"{why}: {row['disabled_note']}"
     state = row["last_job_state"] or "-"
+    if row["last_job_state"] and row["last_job_id"] is None:  # its jobs are backfilled ones
+        state = f"{state} (backfill)"
     return [row["name"], "yes" if row["enabled"] else "no", *when, state, failures, why]
 
 
@@ -460,12 +465,22 @@ def _row_command(name: str, action: str, done: str, doc: str) -> None:
     @audited
     @pass_state
     def command(state: State, row: str, reason: str | None, actor: str | None) -> None:
-        changed = getattr(state.open(), action)(row, reason=reason, actor=actor)
+        app = state.open()
+        changed = getattr(app, action)(row, reason=reason, actor=actor)
         click.echo((ALREADY if changed is False else done).format(row=repr(row)))
+        if action == "enable" and changed is not False:
+            after = app.get_row(row)
+            if after is not None and after.last_job_state == "aborted":
+                # `status` warns of it next: say it here, so "failures reset" is not a surprise.
+                click.echo(ENABLED_ABORTED.format(job=after.last_job_id))
 
 
 ENABLED = "enabled {row}: failures reset, next run computed from now"
 ALREADY = "{row} was already enabled: nothing changed"
+ENABLED_ABORTED = (
+    "its last job ({job}) is aborted: its next slot reruns it in place and counts that as"
+    " failure 1 (`status` warns of it meanwhile)"
+)
 TRIGGERED = "triggered {row}: due now; the next tick dispatches it (same gates)"
 _row_command("enable", "enable", ENABLED, "Re-enable task NAME, reset its failures.")
 _row_command(
@@ -569,7 +584,7 @@ def jobs(
     _table(JOBS_HEADER, lines)
 
 
-RUNS_HEADER = "ATTEMPT|STARTED (UTC)|FINISHED (UTC)|OUTCOME|ERROR|WORKER"
+RUNS_HEADER = "RUN|ATTEMPT|STARTED (UTC)|FINISHED (UTC)|OUTCOME|ERROR|WORKER"
 
 
 @cli.command()
@@ -619,6 +634,7 @@ def job(state: State, job_id: int, as_json: bool) -> None:
         RUNS_HEADER,
         [
             [
+                str(r["run"]),
                 str(r["attempt"]),
                 _iso(r["started_at"]),
                 _iso(r["finished_at"]),

@@ -23,6 +23,7 @@ from sqlalchemy import (
     String,
     and_,
     bindparam,
+    case,
     delete,
     func,
     insert,
@@ -547,12 +548,49 @@ def record_run(conn: Connection, job: Job, **kwargs: Any) -> None:
 
 
 def history(conn: Connection, job_id: int) -> list[dict[str, Any]]:
+    """The job's finished attempts, oldest first, each with its ``run``: 1 for the job's first
+    run, one more at each attempt 1 after it (a rerun in place or a retry starts a run)."""
     stmt = select(runs).where(runs.c.job_id == job_id).order_by(runs.c.id)
-    return [dict(r._mapping) for r in conn.execute(stmt)]
+    found = [dict(r._mapping) for r in conn.execute(stmt)]
+    run = 0
+    for item in found:
+        if item["attempt"] == 1 or run == 0:
+            run += 1
+        item["run"] = run
+    return found
+
+
+def run_number() -> Any:
+    """A column for a select from ``runs``: the run the attempt belongs to, as :func:`history`
+    numbers them: the job's attempts 1 up to it (``ix_scheduler_runs_job``)."""
+    earlier = runs.alias("earlier")
+    starts = (
+        select(func.count())
+        .where(earlier.c.job_id == runs.c.job_id, earlier.c.attempt == 1, earlier.c.id <= runs.c.id)
+        .scalar_subquery()
+    )
+    return case((starts < 1, 1), else_=starts).label("run")
 
 
 def job_exists(conn: Connection, job_id: int) -> bool:
     return conn.execute(select(jobs.c.id).where(jobs.c.id == job_id)).first() is not None
+
+
+def latest_states(conn: Connection, names: Sequence[str]) -> dict[str, str]:
+    """The state of each named task's newest job, for the tasks that have one: the tasks that
+    never dispatched a job of their own, whose jobs ``backfill`` made. A statement per 500
+    names, each a walk of the ``(task_name, id)`` index's end per name."""
+    found: dict[str, str] = {}
+    for start in range(0, len(names), 500):
+        chunk = list(names[start : start + 500])
+        newest = (
+            select(func.max(jobs.c.id))
+            .where(jobs.c.task_name.in_(chunk))
+            .group_by(jobs.c.task_name)
+        )
+        stmt = select(jobs.c.task_name, jobs.c.state).where(jobs.c.id.in_(newest))
+        found.update({r.task_name: str(r.state) for r in conn.execute(stmt)})
+    return found
 
 
 def task_has_jobs(conn: Connection, name: str) -> bool:

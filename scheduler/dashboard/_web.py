@@ -78,7 +78,9 @@ class Dashboard:
         with self._status_lock:
             found = self._status
             if found is None or time.monotonic() - found[0] >= self.settings.refresh_seconds:
-                data = _health.overview(self.app)
+                app = self.app
+                app.check_schema()
+                data = _health.overview(app.store, app.clock(), app.health_settings())
                 found = self._status = (time.monotonic(), data)  # fresh from when it ended
             return found[1]
 
@@ -277,6 +279,7 @@ def create_app(
             "finished": dash.finished.get(),  # never waits: the last counts, with their age
             "finished_every": dash.finished.interval(),
             "finished_states": _health.FINISHED,
+            "worker_gone": f"{_health.Thresholds.worker_gone:g}",
         }
         return dash.render(request, "health.html", context)
 
@@ -376,7 +379,15 @@ def create_app(
         name = request.path_params["name"]
         changed = app.enable(name, reason=reason, actor=session["user"])
         logged(session, "enable", name, reason)
-        return f"Enabled {name}." if changed else f"{name} was already enabled."
+        if not changed:
+            return f"{name} was already enabled."
+        after = app.get_row(name)
+        if after is not None and after.last_job_state == "aborted":
+            return (
+                f"Enabled {name}, failures reset. Its last job ({after.last_job_id}) is aborted:"
+                " its next slot reruns it in place and counts that as failure 1."
+            )
+        return f"Enabled {name}."
 
     def disable(request: Request, session: dict[str, Any], reason: str) -> str:
         name = request.path_params["name"]
