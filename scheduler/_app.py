@@ -173,7 +173,7 @@ class Scheduler:
                 raise ConfigError(_missing_driver(url, database_source, exc)) from None
         self.store = Store(engine, self.database_settings)
         self.registry = registry if registry is not None else default_registry
-        # The database's clock unless told otherwise (SPEC §13; scheduler/_store/clock.py).
+        # The database's clock unless told otherwise (scheduler/_store/clock.py).
         chosen = _clock.choose(self.store, clock, settings.clock)
         self.clock_mode = chosen.mode
         self.clock: Clock = chosen.clock
@@ -335,7 +335,7 @@ class Scheduler:
                 return plan
 
         plan = retry("sync", attempt)
-        for name, slot, reason in plan.paused:  # after the commit (SPEC §9)
+        for name, slot, reason in plan.paused:  # after the commit (never for a rollback)
             signals.send(signals.slot_skipped, name, slot=slot, decision="paused", reason=reason)
         return plan
 
@@ -390,7 +390,7 @@ class Scheduler:
             return _rows.enable(conn, row, now, paused)
 
         enabled = self._audited_row("enable", name, reason, actor, change)
-        for slot, why in paused:  # after the commit (SPEC §9)
+        for slot, why in paused:  # after the commit (never for a rollback)
             signals.send(signals.slot_skipped, name, slot=slot, decision="paused", reason=why)
         return enabled
 

@@ -1,4 +1,4 @@
-"""``backfill``: one job per cron slot of a task in ``[start, end)`` (SPEC §10).
+"""``backfill``: one job per cron slot of a task in ``[start, end)`` (docs/howto/operate.md).
 
 The slots are the task's own (its cron in its timezone, DST rules included: ``_cron``). A slot
 is taken when a job of the task carries it (``jobs.slot``) or an attempt of one ran for it

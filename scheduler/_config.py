@@ -99,7 +99,7 @@ class WorkerSettings:
 
 @dataclass(frozen=True)
 class MetricsSettings:
-    """The ``[metrics]`` table (SPEC §12)."""
+    """The ``[metrics]`` table (docs/reference/toml.md)."""
 
     port: int = 0  # the worker serves Prometheus text at /metrics on it; 0 = off
     host: str = "0.0.0.0"  # the address it listens on
@@ -108,7 +108,7 @@ class MetricsSettings:
 
 @dataclass(frozen=True)
 class DashboardSettings:
-    """The ``[dashboard]`` table (SPEC §11)."""
+    """The ``[dashboard]`` table (docs/reference/toml.md)."""
 
     host: str = "127.0.0.1"
     port: int = 8787

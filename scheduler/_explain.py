@@ -1,4 +1,6 @@
-"""``explain``: why a task ran, or did not, and what comes next (SPEC §9).
+"""``explain``: why a task ran, or did not, and what comes next.
+
+Users read it in docs/howto/why-didnt-my-task-run.md.
 
 :func:`read` runs three statements, each through an index (the row with its last job; the
 row's newest decisions; the task's newest jobs' runs), and works out the rest in Python:

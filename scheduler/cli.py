@@ -128,7 +128,7 @@ pass_state = click.make_pass_decorator(State)
 
 
 def audited(command: Callable[..., Any]) -> Callable[..., Any]:
-    """``--reason`` and ``--actor``: the audit entry the command writes (SPEC §10)."""
+    """``--reason`` and ``--actor``: the audit entry the command writes (docs/howto/operate.md)."""
     command = click.option(
         "--actor",
         metavar="WHO",
@@ -492,7 +492,7 @@ _row_command(
 _row_command("trigger", "trigger", TRIGGERED, "Make task NAME due now (same gates).")
 
 
-# -- operators: jobs, job, retry, cancel, backfill, audit (SPEC §10) -------------------------
+# -- operators: jobs, job, retry, cancel, backfill, audit (docs/howto/operate.md) -----------
 def _iso(value: datetime | None) -> str:
     return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 

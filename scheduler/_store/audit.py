@@ -1,4 +1,4 @@
-"""The audit log (``scheduler_audit``): who changed what, when and why (SPEC §10).
+"""The audit log (``scheduler_audit``): who changed what, when and why (docs/howto/operate.md).
 
 An entry is written by the change it records, in the same transaction: a change that rolls
 back (a refusal, a lost race, a crash) leaves no entry, and a committed change always has one.

@@ -162,10 +162,11 @@ def _row(row: _rows.TaskRow, backfilled: str | None = None) -> dict[str, Any]:
         "handler": row.handler,
         "last_job_id": row.last_job_id,
         "disabled_at": iso(row.disabled_at),
-        "overlap": row.overlap,  # the run policies (SPEC §8)
+        "overlap": row.overlap,  # the run policies (docs/reference/toml.md)
         "catchup_window": row.catchup_window,
         "jitter": row.jitter,
-        # The last run aborted; consecutive_failures counts it at the next slot (SPEC §2).
+        # The last run aborted; consecutive_failures counts it at the next
+        # slot (docs/explanation/tick.md).
         "failing": failing,
         "last_error_code": row.last_error_code if row.last_job_state == ABORTED else None,
     }

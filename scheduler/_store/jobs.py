@@ -662,7 +662,7 @@ def purge(
     return deleted
 
 
-# -- operators: retry an aborted job, cancel a queued one (SPEC §10) ------------------------
+# -- operators: retry an aborted job, cancel a queued one (docs/howto/operate.md) ----------
 class JobStateError(SchedulerError):
     """The job is not in the state this operation needs."""
 
