@@ -16,6 +16,7 @@ from typing import Any
 
 from ._cron import validate_cron, validate_timezone
 from ._errors import ConfigError, PayloadError
+from ._passwords import check_hash_format
 from ._payload import decode_payload, encode_payload, find_credential_key
 from ._store.engine import DatabaseSettings
 from ._store.jobs import tenant_problem
@@ -339,8 +340,6 @@ def _metrics_settings(data: Any, path: str) -> MetricsSettings:
 
 
 def _dashboard_settings(data: Any, path: str) -> DashboardSettings:
-    from .dashboard._auth import check_hash_format
-
     t = _Table(data, f"{path}: [dashboard]", asdict(DashboardSettings())).check_keys()
     optional = {
         key: t.text(key) if key in t.data else None for key in ("username", "password_hash")
