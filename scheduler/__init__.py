@@ -1,32 +1,87 @@
-"""A recurring-task scheduler with rerun-in-place, on a durable SQL job queue."""
+"""A recurring-task scheduler with rerun-in-place, on a durable SQL job queue.
+
+The public names are imported when first used (``from scheduler import Scheduler`` imports
+SQLAlchemy then), so that ``import scheduler.cli`` and ``scheduler --help`` stay fast.
+"""
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from . import signals
-from ._app import Scheduler, default_registry
-from ._backfill import BackfillResult
-from ._config import AppConfig, TaskSpec, load_config
-from ._errors import (
-    ConfigError,
-    LeaseLost,
-    PayloadError,
-    PermanentError,
-    SchedulerError,
-    SchemaOutdated,
-    UnknownRow,
-)
-from ._runner import RunningJob, current_job
-from ._store.audit import AuditEntry
-from ._store.jobs import Job, JobStateError
-from ._store.rows import SyncPlan, TaskRow
-from ._tick import TickReport
+if TYPE_CHECKING:
+    from . import signals
+    from ._app import Scheduler, default_registry
+    from ._backfill import BackfillResult
+    from ._config import AppConfig, TaskSpec, load_config
+    from ._errors import (
+        ConfigError,
+        LeaseLost,
+        PayloadError,
+        PermanentError,
+        SchedulerError,
+        SchemaOutdated,
+        UnknownRow,
+    )
+    from ._runner import RunningJob, current_job
+    from ._store.audit import AuditEntry
+    from ._store.jobs import Job, JobStateError
+    from ._store.rows import SyncPlan, TaskRow
+    from ._tick import TickReport
 
-try:
-    __version__ = version("scheduler")
-except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-    __version__ = "0.0.0"
+    __version__: str
+
+#: Where each public name is defined (imported at its first use).
+_WHERE = {
+    "AppConfig": "._config",
+    "AuditEntry": "._store.audit",
+    "BackfillResult": "._backfill",
+    "ConfigError": "._errors",
+    "Job": "._store.jobs",
+    "JobStateError": "._store.jobs",
+    "LeaseLost": "._errors",
+    "PayloadError": "._errors",
+    "PermanentError": "._errors",
+    "RunningJob": "._runner",
+    "Scheduler": "._app",
+    "SchedulerError": "._errors",
+    "SchemaOutdated": "._errors",
+    "SyncPlan": "._store.rows",
+    "TaskRow": "._store.rows",
+    "TaskSpec": "._config",
+    "TickReport": "._tick",
+    "UnknownRow": "._errors",
+    "current_job": "._runner",
+    "default_registry": "._app",
+    "load_config": "._config",
+}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("scheduler")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "0.0.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        value: Any = _version()
+    elif name == "signals":
+        value = importlib.import_module(".signals", __name__)
+    elif name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "AppConfig",

@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import os
 import socket
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Coroutine, Iterable
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import URL, Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
-from . import _alerts, _backfill, _migrate, _tick, _tracing, signals
+from . import _limits, _migrate, signals
 from ._config import (
     AppConfig,
     DashboardSettings,
@@ -29,11 +29,9 @@ from ._config import (
     load_config,
     normalize_database_url,
 )
-from ._errors import ConfigError, SchedulerError, SchemaOutdated
+from ._errors import ConfigError, SchedulerError, SchemaOutdated, UnknownRow
 from ._handlers import AbandonedHook, F, Registry, TenantContext
-from ._payload import encode_payload
 from ._retry import retry
-from ._runner import RecordedHook, Runner
 from ._store import Store, make_engine
 from ._store import audit as _audit
 from ._store import clock as _clock
@@ -45,8 +43,17 @@ from ._store.audit import AuditEntry
 from ._store.engine import DatabaseSettings
 from ._store.jobs import Job
 from ._store.rows import SyncPlan, TaskRow
-from ._tick import TickReport
 from ._time import Clock, as_utc, iso
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from . import _backfill
+    from ._runner import RecordedHook, Runner
+    from ._tick import TickReport
+
+# The tick, the runner, backfill and alerts (croniter, the dispatch paths) are imported by the
+# methods that use them: `scheduler status` and the dashboard's pages never do.
 
 #: Handlers registered with ``@app.handler`` land here unless a Scheduler gets its own
 #: ``registry``, so a worker started by the CLI sees the handlers its imports registered.
@@ -166,7 +173,7 @@ class Scheduler:
                 raise ConfigError(_missing_driver(url, database_source, exc)) from None
         self.store = Store(engine, self.database_settings)
         self.registry = registry if registry is not None else default_registry
-        # The database's clock unless told otherwise (SPEC §13; scheduler/_store/clock.py).
+        # The database's clock unless told otherwise (scheduler/_store/clock.py).
         chosen = _clock.choose(self.store, clock, settings.clock)
         self.clock_mode = chosen.mode
         self.clock: Clock = chosen.clock
@@ -328,7 +335,7 @@ class Scheduler:
                 return plan
 
         plan = retry("sync", attempt)
-        for name, slot, reason in plan.paused:  # after the commit (SPEC §9)
+        for name, slot, reason in plan.paused:  # after the commit (never for a rollback)
             signals.send(signals.slot_skipped, name, slot=slot, decision="paused", reason=reason)
         return plan
 
@@ -358,6 +365,8 @@ class Scheduler:
         self._tick_recorded_at = now
 
     def _tick(self, now: datetime | None = None) -> TickReport:
+        from . import _tick
+
         """The tick without its record (a running worker records its ticks itself)."""
         self.check_schema()
         return _tick.tick(
@@ -381,7 +390,7 @@ class Scheduler:
             return _rows.enable(conn, row, now, paused)
 
         enabled = self._audited_row("enable", name, reason, actor, change)
-        for slot, why in paused:  # after the commit (SPEC §9)
+        for slot, why in paused:  # after the commit (never for a rollback)
             signals.send(signals.slot_skipped, name, slot=slot, decision="paused", reason=why)
         return enabled
 
@@ -430,6 +439,8 @@ class Scheduler:
     def deliver_pending_alerts(self, older_than: float = 30.0) -> int:
         """Deliver ``row_disabled`` alerts whose receivers never ran (a crash after commit)."""
         with self.store.engine.connect() as conn:
+            from . import _alerts
+
             return _alerts.deliver_pending(
                 conn, now=self.clock(), older_than=timedelta(seconds=older_than)
             )
@@ -458,6 +469,9 @@ class Scheduler:
         """
         if tenant is not None:
             _jobs.check_tenant(tenant)
+        from . import _tracing
+        from ._payload import encode_payload
+
         text = encode_payload(payload, self.settings.payload_limit_bytes)
         default_attempts, default_queue = self._job_defaults(handler)
         if max_attempts is not None and max_attempts < 1:
@@ -486,16 +500,26 @@ class Scheduler:
             return _jobs.get_job(conn, job_id)
 
     def history(self, job_id: int) -> list[dict[str, Any]]:
-        """Every finished attempt of a job, oldest first."""
+        """Every finished attempt of a job, oldest first. Raises
+        :class:`~scheduler.JobStateError` for a job that does not exist (or was purged)."""
         with self.store.read() as conn:
-            return _jobs.history(conn, job_id)
+            found = _jobs.history(conn, job_id)
+            if not found and not _jobs.job_exists(conn, job_id):
+                raise _jobs.JobStateError(f"no job {job_id}")
+            return found
 
     def retry_job(self, job_id: int, *, reason: str | None = None, actor: str | None = None) -> Job:
         """Requeue an ``aborted`` job, attempts reset; a task's job becomes a fresh run of the
         task's current job. Raises :class:`~scheduler.JobStateError` in any other state."""
 
         def change(conn: Any, now: datetime) -> Job:
-            return _jobs.requeue(conn, job_id, now=now, job_defaults=self._job_defaults)
+            return _jobs.requeue(
+                conn,
+                job_id,
+                now=now,
+                job_defaults=self._job_defaults,
+                registered=self.registry.__contains__,
+            )
 
         return self._audited_job("retry", job_id, reason, actor, change)
 
@@ -550,15 +574,17 @@ class Scheduler:
         limit: int = _jobs.LIST_LIMIT,
     ) -> list[Job]:
         """Jobs, newest first, ``limit`` of them (50 by default), filtered by each argument
-        given. ``state`` must be one of queued, claimed, succeeded, aborted."""
+        given. ``state`` must be one of queued, claimed, succeeded, aborted. A ``task`` that
+        no row has and no kept job names raises :class:`~scheduler.UnknownRow`."""
         if state is not None and state not in _jobs.STATES:
             raise ValueError(f"state {state!r}: expected one of {', '.join(_jobs.STATES)}")
         if limit < 1:
             raise ValueError("limit must be at least 1")
         if tenant is not None and (problem := _jobs.tenant_problem(tenant)) is not None:
             raise ValueError(f"tenant: {problem}")  # no job can have it: say so, not "no jobs"
+        _jobs.check_text(handler=handler, queue=queue)  # longer: no job can have it
         with self.store.read() as conn:
-            return _jobs.list_jobs(
+            found = _jobs.list_jobs(
                 conn,
                 state=state,
                 task=task,
@@ -567,6 +593,9 @@ class Scheduler:
                 tenant=tenant,
                 limit=limit,
             )
+            if not found and task is not None:
+                _known_task(conn, task)
+            return found
 
     def backfill(
         self,
@@ -575,7 +604,7 @@ class Scheduler:
         end: datetime,
         *,
         dry_run: bool = False,
-        max_slots: int = _backfill.DEFAULT_MAX,
+        max_slots: int = _limits.BACKFILL_MAX,
         reason: str | None = None,
         actor: str | None = None,
     ) -> _backfill.BackfillResult:
@@ -587,6 +616,8 @@ class Scheduler:
         is written; ``dry_run`` writes nothing. Running it twice enqueues nothing twice, also
         from two processes at once (docs/howto/operate.md).
         """
+        from . import _backfill
+
         self.check_schema()
         who, why = _audit.check(actor, reason)
 
@@ -623,11 +654,30 @@ class Scheduler:
         raise SchedulerError(f"backfill {name!r}: the task kept changing meanwhile; try again")
 
     def audit(self, name: str | None = None, limit: int = _audit.DEFAULT_LIMIT) -> list[AuditEntry]:
-        """The audit log, newest first: ``limit`` entries, of target ``name`` if given."""
+        """The audit log, newest first: ``limit`` entries, of target ``name`` if given: a
+        task's name, or ``job ID`` (the job's own entries, also those filed under its task).
+
+        A ``name`` with no entries that names no task (no row, no kept job of it) raises
+        :class:`~scheduler.UnknownRow`; a ``job ID`` of no job, :class:`~scheduler.JobStateError`.
+        """
         with self.store.read() as conn:
-            return _audit.entries(conn, name, limit)
+            job_id = _job_target(name)
+            job = _jobs.get_job(conn, job_id) if job_id is not None else None
+            found = _audit.entries(
+                conn, name, limit, job_task=job.task_name if job is not None else None
+            )
+            if found or name is None:
+                return found
+            if job_id is not None:
+                if job is None:
+                    raise _jobs.JobStateError(f"no job {job_id}")
+            else:
+                _known_task(conn, name)
+            return found
 
     def runner(self) -> Runner:
+        from ._runner import Runner
+
         w = self.worker_settings
         return Runner(
             self.store,
@@ -647,6 +697,8 @@ class Scheduler:
         :meth:`close`, so clients an async handler keeps between runs stay on one loop)."""
         with self._loop_lock:  # one loop, one run at a time (app.work() from many threads)
             if self._loop is None:
+                import asyncio
+
                 self._loop = asyncio.Runner()
             return self._loop.run(coro)
 
@@ -668,6 +720,8 @@ class Scheduler:
     async def work_async(self, limit: int | None = None) -> int:
         """:meth:`work` from ``async def`` code: async handlers run on the calling event loop
         (so they share its clients), sync ones and the database writes in threads."""
+        import asyncio
+
         await asyncio.to_thread(self.check_schema)
         return await self.runner().work_async(limit)
 
@@ -710,7 +764,15 @@ class Scheduler:
 
     def status(self) -> dict[str, Any]:
         """Rows, job counts and health: the data of ``scheduler status --json``."""
-        return _health.status(self)
+        self.check_schema()
+        return _health.status(self.store, self.clock(), self.health_settings())
+
+    def health_settings(self) -> _health.HealthSettings:
+        """What ``status`` and the dashboard's health page need of this Scheduler's settings."""
+        return _health.HealthSettings(
+            max_consecutive_failures=self.settings.max_consecutive_failures,
+            clock_mode=self.clock_mode,
+        )
 
     def close(self) -> None:
         with self._loop_lock:
@@ -720,7 +782,25 @@ class Scheduler:
         self.store.dispose()
 
 
+def _job_target(name: str | None) -> int | None:
+    """N for an audit target ``job N``, else None."""
+    if name is None or not name.startswith("job "):
+        return None
+    number = name.removeprefix("job ")
+    return int(number) if number.isdigit() and number == str(int(number)) else None
+
+
+def _known_task(conn: Any, name: str) -> None:
+    """Raise :class:`UnknownRow` unless a row has ``name`` or a kept job names it (a task
+    removed from the file stays a disabled row, so it is known)."""
+    if _rows.get_row(conn, name) is None and not _jobs.task_has_jobs(conn, name):
+        raise UnknownRow(f"no task named {name!r} (run `scheduler sync`?)")
+
+
 def _loop_running() -> bool:
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None:  # not imported: no loop is running
+        return False
     try:
         asyncio.get_running_loop()
     except RuntimeError:

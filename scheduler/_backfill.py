@@ -1,4 +1,4 @@
-"""``backfill``: one job per cron slot of a task in ``[start, end)`` (SPEC §10).
+"""``backfill``: one job per cron slot of a task in ``[start, end)`` (docs/howto/operate.md).
 
 The slots are the task's own (its cron in its timezone, DST rules included: ``_cron``). A slot
 is taken when a job of the task carries it (``jobs.slot``) or an attempt of one ran for it
@@ -29,14 +29,14 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy import Connection, insert, select, update
 
-from . import _cron
+from . import _cron, _limits
 from ._errors import SchedulerError, UnknownRow
 from ._store import jobs as _jobs
 from ._store.tables import decisions, jobs, rows, runs
 from ._time import iso
 
 #: ``--max``: a backfill of more slots than this is refused unless told otherwise.
-DEFAULT_MAX = 1000
+DEFAULT_MAX = _limits.BACKFILL_MAX
 _CHUNK = 500  # slots per IN list
 _EPSILON = timedelta(microseconds=1)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from ._cron import validate_cron, validate_timezone
 from ._errors import ConfigError, PayloadError
+from ._passwords import check_hash_format
 from ._payload import decode_payload, encode_payload, find_credential_key
 from ._store.engine import DatabaseSettings
 from ._store.jobs import tenant_problem
@@ -46,20 +47,23 @@ class TaskSpec:
     concurrent: bool = False
     max_consecutive_failures: int | None = None  # None: use [scheduler]'s; 0 = unlimited
     enabled: bool = True
-    overlap: str | None = None
-    """While the last job is in flight: "hold" (the default), "skip" or "allow"; None: "allow"
-    when ``concurrent`` is true (its alias), else "hold"."""
+    overlap: str = "hold"
+    """While the last job is in flight: "hold" (the default), "skip" or "allow".
+    ``concurrent=True`` is its alias: it makes the default "allow" (and another value beside
+    it is refused by ``sync``, as in the file); None is taken as the default."""
     catchup_window: int = 0
     """Seconds a slot may be late before it is missed instead of run; 0: unlimited."""
     jitter: int = 0
     """Each slot fires at a deterministic delay in [0, jitter) seconds; 0: none."""
 
+    def __post_init__(self) -> None:
+        if self.overlap is None or (self.concurrent and self.overlap == "hold"):
+            object.__setattr__(self, "overlap", "allow" if self.concurrent else "hold")
+
     @property
     def policy(self) -> str:
-        """The overlap policy in force ("allow" for ``concurrent = true``)."""
-        if self.overlap is not None:
-            return self.overlap
-        return "allow" if self.concurrent else "hold"
+        """The overlap policy in force (``overlap``; kept for older callers)."""
+        return self.overlap
 
     tenant: str | None = None  # whose task: its jobs carry it (``job.tenant``)
 
@@ -96,7 +100,7 @@ class WorkerSettings:
 
 @dataclass(frozen=True)
 class MetricsSettings:
-    """The ``[metrics]`` table (SPEC §12)."""
+    """The ``[metrics]`` table (docs/reference/toml.md)."""
 
     port: int = 0  # the worker serves Prometheus text at /metrics on it; 0 = off
     host: str = "0.0.0.0"  # the address it listens on
@@ -105,7 +109,7 @@ class MetricsSettings:
 
 @dataclass(frozen=True)
 class DashboardSettings:
-    """The ``[dashboard]`` table (SPEC §11)."""
+    """The ``[dashboard]`` table (docs/reference/toml.md)."""
 
     host: str = "127.0.0.1"
     port: int = 8787
@@ -336,8 +340,6 @@ def _metrics_settings(data: Any, path: str) -> MetricsSettings:
 
 
 def _dashboard_settings(data: Any, path: str) -> DashboardSettings:
-    from .dashboard._auth import check_hash_format
-
     t = _Table(data, f"{path}: [dashboard]", asdict(DashboardSettings())).check_keys()
     optional = {
         key: t.text(key) if key in t.data else None for key in ("username", "password_hash")
@@ -415,7 +417,7 @@ def _task(t: _Table, name: str, settings: SchedulerSettings) -> TaskSpec:
         concurrent=t.flag("concurrent"),
         max_consecutive_failures=t.integer(limit, 0) if limit in t.data else None,
         enabled=t.flag("enabled"),
-        overlap=_overlap(t),
+        overlap=_overlap(t) or ("allow" if t.flag("concurrent") else "hold"),
         catchup_window=t.integer("catchup_window", 0),
         jitter=t.integer("jitter", 0),
         tenant=tenant,

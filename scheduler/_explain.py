@@ -1,4 +1,6 @@
-"""``explain``: why a task ran, or did not, and what comes next (SPEC §9).
+"""``explain``: why a task ran, or did not, and what comes next.
+
+Users read it in docs/howto/why-didnt-my-task-run.md.
 
 :func:`read` runs three statements, each through an index (the row with its last job; the
 row's newest decisions; the task's newest jobs' runs), and works out the rest in Python:
@@ -20,7 +22,7 @@ from sqlalchemy import Connection, bindparam, select
 from . import _cron
 from ._errors import UnknownRow
 from ._store import decisions as _decisions
-from ._store.jobs import Job
+from ._store.jobs import Job, run_number
 from ._store.rows import TaskRow, _view
 from ._store.tables import jobs, rows, runs
 from ._time import in_zone, iso, offset_in
@@ -53,7 +55,7 @@ def _runs_statement() -> Any:
         .subquery()
     )
     return (
-        select(runs)
+        select(runs, run_number())
         .select_from(recent.join(runs, runs.c.job_id == recent.c.id))
         .order_by(recent.c.id.desc(), runs.c.id.desc())
         .limit(bindparam("p_limit"))
@@ -263,6 +265,7 @@ def _decision(entry: dict[str, Any]) -> dict[str, Any]:
 def _run(run: dict[str, Any]) -> dict[str, Any]:
     return {
         "job_id": run["job_id"],
+        "run": run["run"],
         "attempt": run["attempt"],
         "slot": iso(run["slot"]),
         "started_at": iso(run["started_at"]),
@@ -315,7 +318,8 @@ def build(found: Read, now: datetime, global_limit: int) -> dict[str, Any]:
         "last_job": None
         if job is None
         else {k: iso(v) if isinstance(v, datetime) else v for k, v in job.items()},
-        "next_fires": next_fires(row, now),
+        # A disabled task fires nothing until enabled (which computes its next run from then).
+        "next_fires": next_fires(row, now) if row.enabled else [],
         "decisions": [_decision(e) for e in entries],
         "runs": [_run(r) for r in found.runs[:RUNS]],
     }

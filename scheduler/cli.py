@@ -20,19 +20,21 @@ import sys
 import traceback
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 from zoneinfo import ZoneInfo
 
 import click
-from sqlalchemy.exc import SQLAlchemyError
 
-from . import __version__, _migrate
-from ._app import Scheduler
-from ._backfill import DEFAULT_MAX
 from ._errors import ConfigError, SchedulerError
-from ._store.audit import DEFAULT_LIMIT as AUDIT_LIMIT
-from ._store.jobs import LIST_LIMIT, STATES, Job, JobStateError
+from ._limits import AUDIT_LIMIT, BACKFILL_MAX, JOB_STATES, LIST_LIMIT
 from ._time import in_zone, iso
+
+if TYPE_CHECKING:
+    from ._app import Scheduler
+    from ._store.jobs import Job
+
+# Each command imports what it needs when it runs: `scheduler --help` imports no SQLAlchemy,
+# Alembic or croniter (tests/test_cli.py counts), and `status` no Alembic.
 
 CONFIG_ENV = "SCHEDULER_CONFIG"
 DEFAULT_CONFIG = "app.toml"
@@ -42,7 +44,8 @@ log = logging.getLogger("scheduler.cli")  # also when run as `python -m schedule
 
 def describe(exc: BaseException) -> str:
     """One line saying what went wrong."""
-    if isinstance(exc, SQLAlchemyError):
+    sqlalchemy_exc = sys.modules.get("sqlalchemy.exc")  # not imported: not its error
+    if sqlalchemy_exc is not None and isinstance(exc, sqlalchemy_exc.SQLAlchemyError):
         orig = getattr(exc, "orig", None)
         lines = [ln.strip() for ln in str(orig if orig is not None else exc).splitlines()]
         return f"database error: {next((ln for ln in lines if ln), type(exc).__name__)}"
@@ -93,6 +96,8 @@ class State:
                     f" {DEFAULT_CONFIG} in the current directory"
                 )
             path = os.path.abspath(self.config or DEFAULT_CONFIG)
+            from ._app import Scheduler
+
             self.app = Scheduler.from_toml(path)
             os.environ[CONFIG_ENV] = path  # handler modules may build their own app from it
         if check_schema:
@@ -123,7 +128,7 @@ pass_state = click.make_pass_decorator(State)
 
 
 def audited(command: Callable[..., Any]) -> Callable[..., Any]:
-    """``--reason`` and ``--actor``: the audit entry the command writes (SPEC §10)."""
+    """``--reason`` and ``--actor``: the audit entry the command writes (docs/howto/operate.md)."""
     command = click.option(
         "--actor",
         metavar="WHO",
@@ -150,7 +155,7 @@ def audited(command: Callable[..., Any]) -> Callable[..., Any]:
     envvar="SCHEDULER_LOG_LEVEL",
     help="Log level (logs go to stderr).",
 )
-@click.version_option(__version__, "--version", prog_name="scheduler")
+@click.version_option(None, "--version", package_name="scheduler", prog_name="scheduler")
 @click.pass_context
 def cli(ctx: click.Context, config: str | None, debug: bool, log_level: str) -> None:
     """Recurring tasks with rerun-in-place, on a durable SQL job queue."""
@@ -172,6 +177,8 @@ def cli(ctx: click.Context, config: str | None, debug: bool, log_level: str) -> 
 @pass_state
 def migrate(state: State, revision: str) -> None:
     """Create or upgrade the database schema (or move it to --revision)."""
+    from . import _migrate
+
     app = state.open(check_schema=False)
     app.migrate(revision)
     current = _migrate.current_revision(app.store)
@@ -359,7 +366,10 @@ def _print_explain(data: dict[str, Any]) -> None:
         f"policies: overlap {p['overlap']}, catchup_window {window}, jitter {jitter},"
         f" max_consecutive_failures {limit}; cron {p['cron']!r} in {p['timezone']}"
     )
-    click.echo(f"\nnext fires ({p['timezone']} | UTC):")
+    utc_only = p["timezone"] == "UTC"  # one column: the same instants
+    click.echo(f"\nnext fires ({'UTC' if utc_only else p['timezone'] + ' | UTC'}):")
+    if not data["enabled"]:
+        click.echo(f"  none: the task is disabled (`scheduler enable {data['name']}` re-arms it)")
     for fire in data["next_fires"]:
         marks = []
         if fire["dst"]:
@@ -371,7 +381,7 @@ def _print_explain(data: dict[str, Any]) -> None:
         if fire["at"] != fire["slot"]:
             marks.append(f"slot {fire['slot']} + jitter")
         local = in_zone(datetime.fromisoformat(fire["at"]), ZoneInfo(p["timezone"]))
-        line = f"  {local:%Y-%m-%d %H:%M:%S %Z}  {fire['at']}"
+        line = f"  {local:%Y-%m-%d %H:%M:%S %Z}" + ("" if utc_only else f"  {fire['at']}")
         click.echo(f"{line}  {'; '.join(marks)}".rstrip())
     click.echo("\ndecisions (newest first):")
     for d in data["decisions"]:
@@ -385,7 +395,7 @@ def _print_explain(data: dict[str, Any]) -> None:
     for r in data["runs"]:
         code = f" {r['error_code']}" if r["error_code"] else ""
         click.echo(
-            f"  {r['finished_at']}  job {r['job_id']} attempt {r['attempt']}"
+            f"  {r['finished_at']}  job {r['job_id']} run {r['run']} attempt {r['attempt']}"
             f"  {r['outcome']}{code}  {r['worker'] or ''}".rstrip()
         )
     if not data["runs"]:
@@ -407,6 +417,8 @@ def _table_row(row: dict[str, Any]) -> list[str]:
     if row.get("disabled_note"):
         why = f"{why}: {row['disabled_note']}"
     state = row["last_job_state"] or "-"
+    if row["last_job_state"] and row["last_job_id"] is None:  # its jobs are backfilled ones
+        state = f"{state} (backfill)"
     return [row["name"], "yes" if row["enabled"] else "no", *when, state, failures, why]
 
 
@@ -445,30 +457,42 @@ def _print_status(data: dict[str, Any]) -> None:
         click.echo(f"warning: {warning}")
 
 
-def _row_command(name: str, action: Callable[..., object], done: str, doc: str) -> None:
+def _row_command(name: str, action: str, done: str, doc: str) -> None:
+    """Command ``name`` calls the Scheduler's method ``action`` with the task's name."""
+
     @cli.command(name=name, help=doc)
     @click.argument("row", metavar="NAME")
     @audited
     @pass_state
     def command(state: State, row: str, reason: str | None, actor: str | None) -> None:
-        changed = action(state.open(), row, reason=reason, actor=actor)
+        app = state.open()
+        changed = getattr(app, action)(row, reason=reason, actor=actor)
         click.echo((ALREADY if changed is False else done).format(row=repr(row)))
+        if action == "enable" and changed is not False:
+            after = app.get_row(row)
+            if after is not None and after.last_job_state == "aborted":
+                # `status` warns of it next: say it here, so "failures reset" is not a surprise.
+                click.echo(ENABLED_ABORTED.format(job=after.last_job_id))
 
 
 ENABLED = "enabled {row}: failures reset, next run computed from now"
 ALREADY = "{row} was already enabled: nothing changed"
+ENABLED_ABORTED = (
+    "its last job ({job}) is aborted: its next slot reruns it in place and counts that as"
+    " failure 1 (`status` warns of it meanwhile)"
+)
 TRIGGERED = "triggered {row}: due now; the next tick dispatches it (same gates)"
-_row_command("enable", Scheduler.enable, ENABLED, "Re-enable task NAME, reset its failures.")
+_row_command("enable", "enable", ENABLED, "Re-enable task NAME, reset its failures.")
 _row_command(
     "disable",
-    Scheduler.disable,
+    "disable",
     "disabled {row}",
     "Pause task NAME (until enable); --reason is shown by `status`.",
 )
-_row_command("trigger", Scheduler.trigger, TRIGGERED, "Make task NAME due now (same gates).")
+_row_command("trigger", "trigger", TRIGGERED, "Make task NAME due now (same gates).")
 
 
-# -- operators: jobs, job, retry, cancel, backfill, audit (SPEC §10) -------------------------
+# -- operators: jobs, job, retry, cancel, backfill, audit (docs/howto/operate.md) -----------
 def _iso(value: datetime | None) -> str:
     return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
@@ -507,7 +531,7 @@ JOBS_HEADER = "ID|TASK|HANDLER|QUEUE|STATE|ATTEMPTS|RUN AT / FINISHED (UTC)|ERRO
 @click.option(
     "--state",
     "job_state",
-    type=click.Choice([s.value for s in STATES]),
+    type=click.Choice(JOB_STATES),
     help="Only jobs in this state.",
 )
 @click.option("--task", metavar="NAME", help="Only the jobs of this task.")
@@ -560,7 +584,7 @@ def jobs(
     _table(JOBS_HEADER, lines)
 
 
-RUNS_HEADER = "ATTEMPT|STARTED (UTC)|FINISHED (UTC)|OUTCOME|ERROR|WORKER"
+RUNS_HEADER = "RUN|ATTEMPT|STARTED (UTC)|FINISHED (UTC)|OUTCOME|ERROR|WORKER"
 
 
 @cli.command()
@@ -569,6 +593,8 @@ RUNS_HEADER = "ATTEMPT|STARTED (UTC)|FINISHED (UTC)|OUTCOME|ERROR|WORKER"
 @pass_state
 def job(state: State, job_id: int, as_json: bool) -> None:
     """Show job ID and its attempts (the run history)."""
+    from ._store.jobs import JobStateError
+
     app = state.open()
     found = app.get_job(job_id)
     if found is None:
@@ -608,6 +634,7 @@ def job(state: State, job_id: int, as_json: bool) -> None:
         RUNS_HEADER,
         [
             [
+                str(r["run"]),
                 str(r["attempt"]),
                 _iso(r["started_at"]),
                 _iso(r["finished_at"]),
@@ -628,9 +655,13 @@ def retry_command(state: State, job_id: int, reason: str | None, actor: str | No
     """Requeue job ID, which must be aborted: attempts reset, run again (dead-letter retry).
 
     A task's job must be the task's current one (or one `backfill` made): it runs again in
-    place, with the task's current handler and payload; no second job is made.
+    place, with the task's current handler and payload; no second job is made. Handler
+    modules in [worker] imports are imported first: the job takes its handler's max_attempts
+    and queue, as the worker's jobs do.
     """
-    found = state.open().retry_job(job_id, reason=reason, actor=actor)
+    app = state.open()
+    state.import_handlers()  # the job takes its handler's max_attempts and queue
+    found = app.retry_job(job_id, reason=reason, actor=actor)
     click.echo(f"job {found.id} queued again: attempts reset, runs at {_iso(found.run_at)}")
 
 
@@ -653,7 +684,7 @@ def cancel_command(state: State, job_id: int, reason: str | None, actor: str | N
     "--max",
     "max_slots",
     type=click.IntRange(min=1),
-    default=DEFAULT_MAX,
+    default=BACKFILL_MAX,
     show_default=True,
     metavar="N",
     help="Refuse a range of more than N slots.",
@@ -677,9 +708,13 @@ def backfill(
     The slots are the task's cron in its timezone; T is ISO-8601, and without an offset it is
     the task's local time. A slot that already has a job of the task is skipped, so running
     it twice enqueues nothing twice. Backfilled jobs leave the task's failure count and rerun
-    in place alone; a failed one stays aborted (see `scheduler retry`).
+    in place alone; a failed one stays aborted (see `scheduler retry`). Handler modules in
+    [worker] imports are imported first: the jobs take their handler's max_attempts and queue.
     """
-    result = state.open().backfill(
+    app = state.open()
+    state.import_handlers()  # the jobs take their handler's max_attempts and queue
+    row = app.get_row(name)
+    result = app.backfill(
         name,
         _parse_instant(start, "--from"),
         _parse_instant(end, "--to"),
@@ -688,10 +723,13 @@ def backfill(
         reason=reason,
         actor=actor,
     )
+    if row is not None and result.enqueued:  # their jobs would abort with no_handler
+        for problem in unknown_handlers(app, [(row.name, row.handler)]):
+            click.echo(f"warning: {problem}", err=True)
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
         return
-    zone = ZoneInfo(state.open().get_row(name).timezone)  # type: ignore[union-attr]
+    zone = ZoneInfo(row.timezone if row is not None else "UTC")
     taken = set(result.taken)
     for slot in result.slots:
         local = in_zone(slot, zone)

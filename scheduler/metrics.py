@@ -1,4 +1,6 @@
-"""Prometheus metrics (SPEC §12), from the official ``prometheus-client`` (``scheduler[metrics]``).
+"""Prometheus metrics, from the official ``prometheus-client`` (``scheduler[metrics]``).
+
+Their names and labels: docs/reference/metrics.md.
 
 The worker serves them at ``/metrics`` on ``[metrics] port`` (0, the default, = off); a host
 application or the dashboard mounts :func:`asgi_app`. Importing this module needs the extra;

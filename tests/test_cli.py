@@ -420,3 +420,83 @@ def test_explain_prints_the_state_and_json_and_refuses_an_unknown_name(
     missing = run_cli(tmp_path, "explain", "nope")
     assert missing.returncode == 1
     assert one_error_line(missing) == "error: no task named 'nope' (run `scheduler sync`?)"
+
+
+ONCE_MODULE = """
+from scheduler import default_registry
+
+@default_registry.handler("fragile", max_attempts=1, queue="slow")
+def fragile(job):
+    raise RuntimeError("always fails")
+"""
+
+
+def test_backfill_and_retry_take_the_registered_max_attempts_and_queue(
+    tmp_path: Path, sqlite_template: Path
+) -> None:
+    """`backfill` and `retry` import [worker] imports, as `tick` and the worker do: a handler
+    registered with max_attempts=1 on queue "slow" gives its backfilled jobs 1 attempt on that
+    queue (a failure aborts them), and a retried job keeps them."""
+    db = tmp_path / "once.db"
+    shutil.copy(sqlite_template, db)
+    (tmp_path / "once_jobs.py").write_text(ONCE_MODULE)
+    (tmp_path / "app.toml").write_text(
+        f'[database]\nurl = "sqlite:///{db}"\n\n[worker]\nimports = ["once_jobs"]\n'
+        'queues = ["slow"]\n\n'
+        '[[tasks]]\nname = "hourly"\ncron = "0 * * * *"\nhandler = "fragile"\n'
+    )
+    ok(run_cli(tmp_path, "sync"))
+    out = ok(
+        run_cli(
+            tmp_path,
+            "backfill",
+            "hourly",
+            "--from",
+            "2026-01-01T00:00Z",
+            "--to",
+            "2026-01-01T03:00Z",
+        )
+    )
+    assert "enqueued 3" in out
+    listed = json.loads(ok(run_cli(tmp_path, "jobs", "--task", "hourly", "--json")))["jobs"]
+    assert [(j["max_attempts"], j["queue"]) for j in listed] == [(1, "slow")] * 3
+    ok(run_cli(tmp_path, "worker", "--once", "--concurrency", "1"))
+    table = ok(run_cli(tmp_path, "jobs", "--task", "hourly")).splitlines()[1:]
+    assert [line.split()[4:6] for line in table] == [["aborted", "1/1"]] * 3
+    job_id = table[0].split()[0]
+    assert f"job {job_id} queued again" in ok(run_cli(tmp_path, "retry", job_id))
+    shown = ok(run_cli(tmp_path, "job", job_id))
+    assert re.search(r"^attempts:\s+0 of 1$", shown, re.M), shown
+    assert re.search(r"^queue:\s+slow ", shown, re.M)
+
+
+IMPORT_PROBE = """
+import atexit, sys
+heavy = ("sqlalchemy", "alembic", "croniter")
+found = lambda: [m for m in heavy if m in sys.modules]
+atexit.register(lambda: print("imported:", *found(), file=sys.stderr))
+from scheduler.cli import main
+main()
+"""
+
+
+def imported(cwd: Path, *args: str) -> list[str]:
+    """The heavy libraries a `scheduler ARGS` process imported (a count, not a timing)."""
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORT_PROBE, *args], cwd=cwd, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stderr.strip().splitlines()[-1].split()[1:]
+
+
+def test_help_imports_no_database_or_cron_library(tmp_path: Path, sqlite_template: Path) -> None:
+    """`--help` (of the program and of a command) and `--version` import none of SQLAlchemy,
+    Alembic, croniter; `status` on an up-to-date schema imports no Alembic (the schema check
+    reads the version table itself). See benchmarks/cli_startup.py for the timings."""
+    for args in (["--help"], ["status", "--help"], ["backfill", "--help"], ["--version"]):
+        assert imported(tmp_path, *args) == [], args
+    db = tmp_path / "probe.db"
+    shutil.copy(sqlite_template, db)
+    write_config(tmp_path, f"sqlite:///{db}", tasks=TASK)
+    assert "alembic" not in imported(tmp_path, "status")
+    assert "alembic" not in imported(tmp_path, "jobs")

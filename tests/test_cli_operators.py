@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select, update
 
-from scheduler import PermanentError, Scheduler
+from scheduler import JobStateError, PermanentError, Scheduler, UnknownRow
 from scheduler._handlers import Registry
 from scheduler._store.tables import audit, jobs
 from scheduler.cli import main
@@ -122,7 +122,7 @@ def test_reason_and_actor_on_row_commands_and_status_shows_the_note(
     header = ["AT", "(UTC)", "ACTOR", "ACTION", "TARGET", "REASON", "DETAIL"]
     assert text.splitlines()[0].split() == header
     assert "trigger" in text and "enable" not in text
-    assert cli.ok("audit", "ghost") == "nothing audited yet\n"
+    assert cli.refused("audit", "ghost") == "error: no task named 'ghost' (run `scheduler sync`?)"
     line = cli.refused("disable", "ghost", "--reason", "x")
     assert line == "error: no task named 'ghost' (run `scheduler sync`?)"
     line = cli.refused("disable", "nightly", "--reason", "r" * 501)
@@ -225,3 +225,65 @@ def test_backfill(cli: Cli, app: Scheduler) -> None:
 def count_jobs(app: Scheduler) -> int:
     with app.store.read() as conn:
         return int(conn.execute(select(func.count()).select_from(jobs)).scalar_one())
+
+
+def test_unknown_names_and_ids_are_refused_everywhere(cli: Cli, app: Scheduler) -> None:
+    """A task name, a job id or a value no job can have is one error line and exit status 1,
+    as `explain` does, never an empty answer that looks like "nothing yet"; a task that exists
+    (a row, even without jobs or audit entries) answers "nothing yet"."""
+    cli.ok("sync")
+    cli.ok("disable", "nightly", "--reason", "maintenance")  # the log is not empty
+    unknown = "error: no task named 'no-such-task' (run `scheduler sync`?)"
+    for args in (
+        ["audit", "no-such-task"],
+        ["jobs", "--task", "no-such-task"],
+        ["jobs", "--task", "no-such-task", "--json"],
+        ["explain", "no-such-task"],
+        ["enable", "no-such-task"],
+        ["disable", "no-such-task"],
+        ["trigger", "no-such-task"],
+        ["backfill", "no-such-task", "--from", "2025-10-24", "--to", "2025-10-25"],
+    ):
+        assert cli.refused(*args) == unknown, args
+    for args in (["audit", "job 999999"], ["job", "999999"], ["retry", "999999"]):
+        assert cli.refused(*args) == "error: no job 999999", args
+    assert cli.refused("cancel", "999999") == "error: no job 999999"
+    too_long = "error: ValueError: handler is 201 characters, over the 200-character limit"
+    assert cli.refused("jobs", "--handler", "h" * 201) == too_long
+    assert cli.refused("jobs", "--queue", "q" * 101).endswith("over the 100-character limit")
+    # Known names with nothing to show: "nothing yet", exit status 0.
+    assert cli.ok("jobs", "--task", "nightly") == "no jobs\n"
+    assert cli.ok("jobs", "--handler", "never-used") == "no jobs\n"
+    assert "disable" in cli.ok("audit", "nightly")
+    # A task removed from the file stays a (disabled) row: still known.
+    cli.config.write_text(cli.config.read_text().split("[[tasks]]")[0])
+    cli.ok("sync")
+    assert cli.ok("jobs", "--task", "nightly") == "no jobs\n"
+    # `audit "job N"` of a task's job: its own entries, filed under the task.
+    cli.config.write_text(cli.config.read_text() + TASKS)
+    cli.ok("sync")
+    cli.ok("backfill", "nightly", "--from", "2025-10-24", "--to", "2025-10-25")
+    job_id = app.jobs(task="nightly")[0].id
+    with app.store.begin() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == job_id).values(state="aborted"))
+    cli.ok("retry", str(job_id), "--reason", "one more go")
+    found = json.loads(cli.ok("audit", f"job {job_id}", "--json"))["entries"]
+    assert [(e["action"], e["target"], e["detail"]) for e in found] == [
+        ("retry", "nightly", f"job {job_id}")
+    ]
+    other = app.enqueue("works")
+    assert cli.ok("audit", f"job {other}") == "nothing audited yet\n"  # exists, no entries
+
+
+def test_the_python_api_refuses_unknown_names_too(app: Scheduler) -> None:
+    with pytest.raises(UnknownRow, match="no task named 'ghost'"):
+        app.jobs(task="ghost")
+    with pytest.raises(UnknownRow, match="no task named 'ghost'"):
+        app.audit("ghost")
+    with pytest.raises(JobStateError, match="no job 424242"):
+        app.audit("job 424242")
+    with pytest.raises(JobStateError, match="no job 424242"):
+        app.history(424242)
+    job_id = app.enqueue("works")
+    assert app.history(job_id) == [] and app.audit(f"job {job_id}") == []
+    assert app.audit() == [] and app.jobs(handler="nobody") == []

@@ -67,7 +67,18 @@ def test_example_file_parses() -> None:
         concurrent=False,
         max_consecutive_failures=3,
         enabled=True,
+        overlap="hold",
+        catchup_window=0,
+        jitter=0,
+        tenant="acme",
     )
+    # "Every key spelled out": each field of TaskSpec is a key of that task in the file.
+    spelled = re.search(
+        r'(?ms)^name = "nightly-report"\n(.*?)(?:\n\n|\Z)', text := EXAMPLE.read_text()
+    )
+    assert spelled is not None and text
+    keys = {line.split(" = ")[0] for line in ("name = x\n" + spelled[1]).splitlines()}
+    assert keys == {f.name for f in dataclasses.fields(TaskSpec)}
 
 
 def test_example_commented_out_keys_show_the_defaults(tmp_path: Path) -> None:

@@ -106,7 +106,7 @@ def test_the_rows_that_warn_out_of_ten_thousand_bounded_on_the_page(crowded: Sch
     event.listen(crowded.store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
     crowded.check_schema()
     statements.clear()
-    data = overview(crowded, T)
+    data = overview(crowded.store, T, crowded.health_settings())
     assert len(statements) == 3, statements  # aggregates, the rows that warn, the workers
 
     assert data["rows_counted"] == {
@@ -136,7 +136,7 @@ def test_the_rows_that_warn_out_of_ten_thousand_bounded_on_the_page(crowded: Sch
     assert not any("task-09001" in w for w in h["warnings"])  # a chosen pause: no warning
 
     # `scheduler status --json` names every one, as before.
-    full = status(crowded, T)
+    full = status(crowded.store, T, crowded.health_settings())
     assert len(full["rows"]) == TASKS
     assert full["jobs"] == {"queued": 1, "claimed": 0, "succeeded": 0, "aborted": 30}
     assert full["health"]["rows_disabled"] == BROKEN + PAUSED

@@ -13,8 +13,26 @@ from sqlalchemy import update
 
 from scheduler import Scheduler, SchemaOutdated, TaskSpec
 from scheduler._handlers import Registry
-from scheduler._store.health import Thresholds, forget, status, touch
+from scheduler._store import health as _health
+from scheduler._store.health import HealthSettings, Thresholds, forget, touch
 from scheduler._store.tables import rows
+
+
+def status(
+    app: Scheduler,
+    now: datetime | None = None,
+    thresholds: Thresholds | None = None,
+    *,
+    rows: bool = True,
+) -> dict[str, Any]:
+    """``_health.status`` given what it needs of ``app``, with other thresholds if asked."""
+    settings = app.health_settings()
+    if thresholds is not None:
+        settings = HealthSettings(
+            settings.max_consecutive_failures, settings.clock_mode, thresholds
+        )
+    return _health.status(app.store, now or app.clock(), settings, rows=rows)
+
 
 T = datetime(2030, 3, 1, 12, 0, tzinfo=UTC)
 

@@ -401,18 +401,17 @@ def test_a_once_worker_leaves_its_tick_on_record_for_status(app: Scheduler) -> N
     the host's one-shot entry, as `scheduler tick` records it) and warns of nothing."""
 
     from scheduler import TaskSpec
-    from scheduler._store.health import status
 
     app.handler("t.ok", retry_safe=True)(lambda job: None)
     every_minute = TaskSpec(
         name="every-minute", cron="* * * * *", handler="t.ok", payload={}, timezone="UTC"
     )
     app.sync([every_minute])
-    before = status(app)["health"]
+    before = app.status()["health"]
     assert before["warnings"] == ["no worker is running: start `scheduler worker`"]
     began = datetime.now(UTC)
     Worker(app, concurrency=1).run(once=True)
-    health = status(app)["health"]
+    health = app.status()["health"]
     assert health["warnings"] == []
     assert health["workers"] == []  # it stopped: not counted as running
     assert began <= datetime.fromisoformat(health["last_tick_at"]) <= datetime.now(UTC)

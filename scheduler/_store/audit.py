@@ -1,4 +1,4 @@
-"""The audit log (``scheduler_audit``): who changed what, when and why (SPEC §10).
+"""The audit log (``scheduler_audit``): who changed what, when and why (docs/howto/operate.md).
 
 An entry is written by the change it records, in the same transaction: a change that rolls
 back (a refusal, a lost race, a crash) leaves no entry, and a committed change always has one.
@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, delete, insert, select
+from sqlalchemy import Connection, delete, insert, or_, select
 
+from .. import _limits
 from .._time import iso
 from .tables import audit
 
@@ -23,7 +24,7 @@ ACTOR_ENV = "SCHEDULER_ACTOR"
 REASON_LIMIT = 500
 ACTOR_LIMIT = 200
 DETAIL_LIMIT = 1000
-DEFAULT_LIMIT = 50
+DEFAULT_LIMIT = _limits.AUDIT_LIMIT
 
 #: The actions that write an entry.
 ACTIONS = ("enable", "disable", "trigger", "sync", "retry", "cancel", "backfill")
@@ -100,12 +101,20 @@ def record(
 
 
 def entries(
-    conn: Connection, name: str | None = None, limit: int = DEFAULT_LIMIT
+    conn: Connection,
+    name: str | None = None,
+    limit: int = DEFAULT_LIMIT,
+    *,
+    job_task: str | None = None,
 ) -> list[AuditEntry]:
     """The newest ``limit`` entries, newest first; with ``name``, those whose target it is
-    (through the ``(target, id)`` index)."""
+    (through the ``(target, id)`` index). ``job_task``: ``name`` is ``job ID`` of that task's
+    job, whose retries and cancels are filed under the task with the job in their detail."""
     stmt = select(audit).order_by(audit.c.id.desc()).limit(limit)
-    if name is not None:
+    if name is not None and job_task is not None:
+        of_task = (audit.c.target == job_task) & (audit.c.detail == name)
+        stmt = stmt.where(or_(audit.c.target == name, of_task))
+    elif name is not None:
         stmt = stmt.where(audit.c.target == name)
     return [
         AuditEntry(

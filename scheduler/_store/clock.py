@@ -1,4 +1,4 @@
-"""One clock for every host: the database server's (SPEC §13, ``[scheduler] clock``).
+"""One clock for every host: the database server's (``[scheduler] clock``).
 
 With ``clock = "database"`` (the default on PostgreSQL and MariaDB) every time the scheduler
 compares across hosts (a row due, a lease expired, a job taken over, a heartbeat's new lease,

@@ -1,4 +1,6 @@
-"""The decision log (``scheduler_decisions``, SPEC §9): one entry per slot and outcome of a row.
+"""The decision log (``scheduler_decisions``): one entry per slot and outcome of a row.
+
+Users read it in docs/howto/why-didnt-my-task-run.md.
 
 The tick's entries are written by the dispatchers (``scheduler/_dispatch``) in the transaction
 that carries the decision out, on the driver's cursor: a fresh dispatch's own ``dispatched``

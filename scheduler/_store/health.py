@@ -3,9 +3,11 @@
 :func:`status` reads in one transaction: the rows with their last job's state and error code
 (for its row list), one statement of index-answered counts over the jobs and the latest
 finished attempt, the rows that warn (:mod:`.warned`, one statement), the workers; ``now``
-defaults to the app's clock. :func:`overview` is the dashboard's read of the same: no row list,
+is the caller's. :func:`overview` is the dashboard's read of the same: no row list,
 the first rows of each kind named and the others counted, the live states' counts only (the
 finished states' are :func:`finished_counts`), three statements whatever the table sizes.
+Both take the store, the instant and :class:`HealthSettings`, never the Scheduler; the
+warnings are the functions in :data:`WARNINGS`.
 Workers record that they are alive with :func:`touch` (``scheduler_workers``), and every tick
 outside a running worker is kept with :func:`record_tick`.
 """
@@ -14,24 +16,23 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from .._time import in_zone, iso
+from . import jobs as _jobs
 from . import rows as _rows
 from . import warned as _warned
 from .engine import Store
 from .jobs import ABORTED, CLAIMED, QUEUED, STATES, SUCCEEDED
 from .tables import jobs, runs, workers
 from .tables import rows as task_rows
-
-if TYPE_CHECKING:
-    from .._app import Scheduler
 
 LIVE = (QUEUED, CLAIMED)  # few: counted exactly on every read
 FINISHED = (SUCCEEDED, ABORTED)  # as many as the jobs kept
@@ -139,7 +140,9 @@ def forget(
         conn.execute(delete(workers).where(condition))
 
 
-def _row(row: _rows.TaskRow) -> dict[str, Any]:
+def _row(row: _rows.TaskRow, backfilled: str | None = None) -> dict[str, Any]:
+    """A row of ``status``; ``backfilled``: the state of its newest job when it has no job of
+    its own (only backfilled ones), shown as its ``last_job_state`` with ``last_job_id`` None."""
     # A disabled row's next_run_at is stale (enable computes a new one): it has no next run.
     next_run = row.next_run_at if row.enabled else None
     local = in_zone(next_run, ZoneInfo(row.timezone)) if next_run else None
@@ -148,7 +151,7 @@ def _row(row: _rows.TaskRow) -> dict[str, Any]:
         "name": row.name,
         "enabled": row.enabled,
         "next_run_at": iso(next_run),
-        "last_job_state": row.last_job_state,
+        "last_job_state": row.last_job_state or backfilled,
         "consecutive_failures": row.consecutive_failures,
         "disabled_reason": row.disabled_reason,
         # extra keys
@@ -159,10 +162,11 @@ def _row(row: _rows.TaskRow) -> dict[str, Any]:
         "handler": row.handler,
         "last_job_id": row.last_job_id,
         "disabled_at": iso(row.disabled_at),
-        "overlap": row.overlap,  # the run policies (SPEC §8)
+        "overlap": row.overlap,  # the run policies (docs/reference/toml.md)
         "catchup_window": row.catchup_window,
         "jitter": row.jitter,
-        # The last run aborted; consecutive_failures counts it at the next slot (SPEC §2).
+        # The last run aborted; consecutive_failures counts it at the next
+        # slot (docs/explanation/tick.md).
         "failing": failing,
         "last_error_code": row.last_error_code if row.last_job_state == ABORTED else None,
     }
@@ -213,33 +217,187 @@ def finished_counts(conn: Any) -> dict[str, int]:
     return {state: int(found._mapping[state]) for state in FINISHED}
 
 
-def _clock_warnings(seen: list[Any], older: Any, limits: Thresholds) -> list[str]:
+@dataclass(frozen=True)
+class HealthSettings:
+    """What health needs of the application's settings (``Scheduler.health_settings()``)."""
+
+    max_consecutive_failures: int = 5  # [scheduler]'s, for rows without their own limit
+    clock_mode: str = "database"  # [scheduler] clock: whose clock decides ("database", "local")
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything one health read found, which the warnings are made from."""
+
+    now: datetime
+    settings: HealthSettings
+    waiting: int
+    overdue: int
+    stopped: int
+    stalled: bool
+    warned: _warned.WarnedRows
+    any_enabled: bool
+    last_tick: datetime | None
+    running: list[Any]  # the workers' own rows seen lately (scheduler_workers rows)
+    seen: list[Any]  # every row of scheduler_workers, the hosts' tick records included
+
+    @property
+    def limits(self) -> Thresholds:
+        return self.settings.thresholds
+
+    def older(self, value: datetime | None, seconds: float) -> bool:
+        return value is not None and value <= self.now - timedelta(seconds=seconds)
+
+    def more(self, kind: str) -> str:
+        return f" and {self.warned.more(kind)} more" if self.warned.more(kind) else ""
+
+
+# -- the warnings: each a function of the Facts, in the order status prints them ---------------
+def _jobs_overdue(f: Facts) -> list[str]:
+    if not f.overdue:
+        return []
+    return [
+        f"{f.overdue} job(s) ready for more than {f.limits.job_overdue:g}s and not "
+        "claimed: is a worker running with concurrency > 0 on their queue?"
+    ]
+
+
+def _jobs_stopped(f: Facts) -> list[str]:
+    if not f.stopped:
+        return []
+    return [
+        f"{f.stopped} claimed job(s) have an expired lease (their worker stopped);"
+        " a worker will take them over"
+    ]
+
+
+def _stalled(f: Facts) -> list[str]:
+    if not f.stalled:
+        return []
+    return [
+        f"work has stalled: {f.waiting} job(s) waiting and nothing finished for "
+        f"more than {f.limits.stalled:g}s"
+    ]
+
+
+def _rows_overdue(f: Facts) -> list[str]:
+    if not f.warned.total["overdue"]:
+        return []
+    return [
+        f"task(s) overdue by more than {f.limits.row_overdue:g}s (is a scheduler "
+        f"ticking?): {', '.join(f.warned.names('overdue'))}{f.more('overdue')}"
+    ]
+
+
+def _rows_held_back(f: Facts) -> list[str]:
+    if not f.warned.total["held_back"]:
+        return []
+    return [
+        f"task(s) held back for more than {f.limits.row_held_back:g}s by a job still"
+        f" in flight: {', '.join(f.warned.names('held_back'))}{f.more('held_back')}"
+    ]
+
+
+def _rows_failing(f: Facts) -> list[str]:
+    found = []
+    for r in f.warned.found["failing"]:
+        limit_of = (
+            r.max_consecutive_failures
+            if r.max_consecutive_failures is not None
+            else f.settings.max_consecutive_failures
+        )
+        counted = r.consecutive_failures + 1
+        left = f"{counted} of {limit_of} before the task is disabled" if limit_of else "no limit"
+        found.append(
+            f"task {r.name!r}: its last run aborted ({r.last_error_code});"
+            " the failure is counted at its next slot, which reruns the job in place"
+            f" ({left})"
+        )
+    if f.warned.more("failing"):
+        found.append(f"and {f.warned.more('failing')} more task(s) whose last run aborted")
+    return found
+
+
+def _rows_disabled_by_failures(f: Facts) -> list[str]:
+    found = [
+        f"task {r.name!r} disabled ({r.disabled_reason}) after "
+        f"{r.consecutive_failures} consecutive failures: fix it, then "
+        f"`scheduler enable {r.name}`"
+        for r in f.warned.found["disabled_by_failures"]
+    ]
+    if f.warned.more("disabled_by_failures"):
+        found.append(
+            f"and {f.warned.more('disabled_by_failures')} more task(s) disabled after"
+            " consecutive failures"
+        )
+    return found
+
+
+def _no_tick(f: Facts) -> list[str]:
+    # Any process that ticks counts (a worker, `scheduler tick`, app.tick()): a recent tick is
+    # all that matters here.
+    if not f.any_enabled or not (f.last_tick is None or f.older(f.last_tick, f.limits.tick)):
+        return []
+    since = f"since {iso(f.last_tick)}" if f.last_tick else "yet"
+    if f.running:
+        return [f"no scheduler tick {since}: are the workers stuck?"]
+    if f.last_tick is None:
+        return ["no worker is running: start `scheduler worker`"]
+    return [f"no scheduler tick {since} and no worker is running: start `scheduler worker`"]
+
+
+def _clocks(f: Facts) -> list[str]:
     """One warning per host whose clock, as its processes seen lately measured it, is more
-    than ``limits.clock_offset`` off the database's (the latest measurement of the host)."""
+    than ``thresholds.clock_offset`` off the database's (the latest measurement of the host)."""
     latest: dict[str, Any] = {}
-    for w in seen:
-        if w.clock_offset is None or older(w.last_seen_at, limits.worker_gone):
+    for w in f.seen:
+        if w.clock_offset is None or f.older(w.last_seen_at, f.limits.worker_gone):
             continue
         if w.hostname not in latest or latest[w.hostname].last_seen_at < w.last_seen_at:
             latest[w.hostname] = w
+    if f.settings.clock_mode == "database":
+        meanwhile = (
+            'with clock = "database" the scheduler decides on the database\'s clock meanwhile'
+        )
+    else:
+        meanwhile = (
+            f'with clock = "{f.settings.clock_mode}" its processes decide on its own clock:'
+            " its tasks fire early or late until it is fixed"
+        )
     found = []
     for host, w in sorted(latest.items()):
         off = -float(w.clock_offset)  # the host's clock minus the database's
-        if abs(off) > limits.clock_offset:
+        if abs(off) > f.limits.clock_offset:
             way = "ahead of" if off > 0 else "behind"
             found.append(
                 f"host {host}'s clock is {abs(off):.1f}s {way} the database's"
-                f" (more than {limits.clock_offset:g}s; measured by {w.id}): fix its time"
-                ' sync (NTP); with clock = "database" the scheduler decides on the'
-                " database's clock meanwhile"
+                f" (more than {f.limits.clock_offset:g}s; measured by {w.id}): fix its time"
+                f" sync (NTP); {meanwhile}"
             )
     return found
 
 
+WARNINGS: list[Callable[[Facts], list[str]]] = [
+    _jobs_overdue,
+    _jobs_stopped,
+    _stalled,
+    _rows_overdue,
+    _rows_held_back,
+    _rows_failing,
+    _rows_disabled_by_failures,
+    _no_tick,
+    _clocks,
+]
+"""The warnings ``status`` prints, in order. To add one: a function of :class:`Facts` that
+returns its lines (none when all is well), appended here; what it needs that :func:`_read` does
+not read yet becomes a field of :class:`Facts`, read in :func:`_read`'s transaction."""
+
+
 def _read(
-    app: Scheduler,
-    now: datetime | None,
-    thresholds: Thresholds | None,
+    store: Store,
+    now: datetime,
+    settings: HealthSettings,
     *,
     rows: bool,
     limit: int | None,
@@ -247,11 +405,11 @@ def _read(
 ) -> tuple[dict[str, Any], _warned.WarnedRows]:
     """``status``'s object and the rows that warn, read in one transaction: the row list (only
     with ``rows``), the job aggregates, the rows that warn (:mod:`.warned`), the workers."""
-    app.check_schema()
-    now = now if now is not None else app.clock()
-    limits = thresholds or Thresholds()
-    with app.store.read() as conn:
+    limits = settings.thresholds
+    with store.read() as conn:
         task_rows = _rows.all_rows(conn, payloads=False) if rows else []
+        # A task whose only jobs are backfilled ones shows its newest (rarely any task).
+        backfilled = _jobs.latest_states(conn, [r.name for r in task_rows if r.last_job_id is None])
         agg = _job_aggregates(conn, now, limits, finished=finished)
         warned = _warned.read(conn, now, limits, limit=limit)
         seen = list(conn.execute(select(workers).order_by(workers.c.started_at)))
@@ -264,89 +422,28 @@ def _read(
         and oldest_ready <= stall_at
         and (last_finished is None or last_finished <= stall_at)
     )
-
-    def older(value: datetime | None, seconds: float) -> bool:
-        return value is not None and value <= now - timedelta(seconds=seconds)
-
     ticks = [w.last_tick_at for w in seen if w.last_tick_at is not None]
-    last_tick = max(ticks) if ticks else None
-    running = [  # workers' own rows, seen lately: not the hosts' tick records
+    facts = Facts(
+        now=now,
+        settings=settings,
+        waiting=waiting,
+        overdue=overdue,
+        stopped=stopped,
+        stalled=stalled,
+        warned=warned,
+        any_enabled=agg.any_enabled is not None,
+        last_tick=max(ticks) if ticks else None,
+        running=[],
+        seen=seen,
+    )
+    facts.running.extend(  # workers' own rows, seen lately: not the hosts' tick records
         w
         for w in seen
-        if not w.id.endswith(TICK_SUFFIX) and not older(w.last_seen_at, limits.worker_gone)
-    ]
-
-    def more(kind: str) -> str:
-        return f" and {warned.more(kind)} more" if warned.more(kind) else ""
-
-    warnings: list[str] = []
-    if overdue:
-        warnings.append(
-            f"{overdue} job(s) ready for more than {limits.job_overdue:g}s and not "
-            "claimed: is a worker running with concurrency > 0 on their queue?"
-        )
-    if stopped:
-        warnings.append(
-            f"{stopped} claimed job(s) have an expired lease (their worker stopped);"
-            " a worker will take them over"
-        )
-    if stalled:
-        warnings.append(
-            f"work has stalled: {waiting} job(s) waiting and nothing finished for "
-            f"more than {limits.stalled:g}s"
-        )
-    if warned.total["overdue"]:
-        warnings.append(
-            f"task(s) overdue by more than {limits.row_overdue:g}s (is a scheduler "
-            f"ticking?): {', '.join(warned.names('overdue'))}{more('overdue')}"
-        )
-    if warned.total["held_back"]:
-        warnings.append(
-            f"task(s) held back for more than {limits.row_held_back:g}s by a job still"
-            f" in flight: {', '.join(warned.names('held_back'))}{more('held_back')}"
-        )
-    for r in warned.found["failing"]:
-        limit_of = (
-            r.max_consecutive_failures
-            if r.max_consecutive_failures is not None
-            else app.settings.max_consecutive_failures
-        )
-        counted = r.consecutive_failures + 1
-        left = f"{counted} of {limit_of} before the task is disabled" if limit_of else "no limit"
-        warnings.append(
-            f"task {r.name!r}: its last run aborted ({r.last_error_code});"
-            " the failure is counted at its next slot, which reruns the job in place"
-            f" ({left})"
-        )
-    if warned.more("failing"):
-        warnings.append(f"and {warned.more('failing')} more task(s) whose last run aborted")
-    for r in warned.found["disabled_by_failures"]:
-        warnings.append(
-            f"task {r.name!r} disabled ({r.disabled_reason}) after "
-            f"{r.consecutive_failures} consecutive failures: fix it, then "
-            f"`scheduler enable {r.name}`"
-        )
-    if warned.more("disabled_by_failures"):
-        warnings.append(
-            f"and {warned.more('disabled_by_failures')} more task(s) disabled after"
-            " consecutive failures"
-        )
-    # Any process that ticks counts (SPEC §13): a recent tick is all that matters here.
-    if agg.any_enabled is not None and (last_tick is None or older(last_tick, limits.tick)):
-        since = f"since {iso(last_tick)}" if last_tick else "yet"
-        if running:
-            warnings.append(f"no scheduler tick {since}: are the workers stuck?")
-        elif last_tick is None:
-            warnings.append("no worker is running: start `scheduler worker`")
-        else:
-            warnings.append(
-                f"no scheduler tick {since} and no worker is running: start `scheduler worker`"
-            )
-
-    warnings.extend(_clock_warnings(seen, older, limits))
-
+        if not w.id.endswith(TICK_SUFFIX) and not facts.older(w.last_seen_at, limits.worker_gone)
+    )
+    warnings = [line for warning in WARNINGS for line in warning(facts)]
     data = {
-        "rows": [_row(r) for r in task_rows],
+        "rows": [_row(r, backfilled.get(r.name)) for r in task_rows],
         "jobs": counts,
         "health": {
             "waiting": waiting,
@@ -359,7 +456,7 @@ def _read(
             "rows_overdue": warned.names("overdue"),
             "rows_held_back": warned.names("held_back"),
             "rows_disabled": warned.names("disabled"),
-            "last_tick_at": iso(last_tick),
+            "last_tick_at": iso(facts.last_tick),
             "last_finished_at": iso(last_finished),
             "workers": [
                 {
@@ -371,7 +468,7 @@ def _read(
                     "last_tick_at": iso(w.last_tick_at),
                     "clock_offset": w.clock_offset,
                 }
-                for w in running
+                for w in facts.running
             ],
         },
     }
@@ -379,15 +476,16 @@ def _read(
 
 
 def status(
-    app: Scheduler,
-    now: datetime | None = None,
-    thresholds: Thresholds | None = None,
+    store: Store,
+    now: datetime,
+    settings: HealthSettings | None = None,
     *,
     rows: bool = True,
 ) -> dict[str, Any]:
-    """The object ``scheduler status --json`` prints, every count exact and every name listed;
-    refuses an outdated schema. Without ``rows`` its ``rows`` list is empty."""
-    return _read(app, now, thresholds, rows=rows, limit=None, finished=True)[0]
+    """The object ``scheduler status --json`` prints, every count exact and every name listed
+    (``Scheduler.status()`` checks the schema first). Without ``rows`` its ``rows`` list is
+    empty."""
+    return _read(store, now, settings or HealthSettings(), rows=rows, limit=None, finished=True)[0]
 
 
 WARNED_LIMIT = 20
@@ -395,9 +493,9 @@ WARNED_LIMIT = 20
 
 
 def overview(
-    app: Scheduler,
-    now: datetime | None = None,
-    thresholds: Thresholds | None = None,
+    store: Store,
+    now: datetime,
+    settings: HealthSettings | None = None,
     *,
     limit: int = WARNED_LIMIT,
 ) -> dict[str, Any]:
@@ -406,7 +504,9 @@ def overview(
     finished ones are :func:`finished_counts`, which walks an index entry per finished job),
     and with the first ``limit`` rows of each kind named in its warnings and ``rows_*`` lists
     ("and N more"); ``rows_counted`` has each kind's total (:data:`.warned.KINDS`)."""
-    data, warned = _read(app, now, thresholds, rows=False, limit=limit, finished=False)
+    data, warned = _read(
+        store, now, settings or HealthSettings(), rows=False, limit=limit, finished=False
+    )
     del data["rows"]
     data["rows_counted"] = dict(warned.total)
     return data

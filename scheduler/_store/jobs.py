@@ -23,6 +23,7 @@ from sqlalchemy import (
     String,
     and_,
     bindparam,
+    case,
     delete,
     func,
     insert,
@@ -33,6 +34,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.dml import Update
 from sqlalchemy.sql.elements import BindParameter
 
+from .. import _limits
 from .._errors import SchedulerError
 from .._payload import decode_payload
 from .._retry import retry
@@ -546,12 +548,59 @@ def record_run(conn: Connection, job: Job, **kwargs: Any) -> None:
 
 
 def history(conn: Connection, job_id: int) -> list[dict[str, Any]]:
+    """The job's finished attempts, oldest first, each with its ``run``: 1 for the job's first
+    run, one more at each attempt 1 after it (a rerun in place or a retry starts a run)."""
     stmt = select(runs).where(runs.c.job_id == job_id).order_by(runs.c.id)
-    return [dict(r._mapping) for r in conn.execute(stmt)]
+    found = [dict(r._mapping) for r in conn.execute(stmt)]
+    run = 0
+    for item in found:
+        if item["attempt"] == 1 or run == 0:
+            run += 1
+        item["run"] = run
+    return found
+
+
+def run_number() -> Any:
+    """A column for a select from ``runs``: the run the attempt belongs to, as :func:`history`
+    numbers them: the job's attempts 1 up to it (``ix_scheduler_runs_job``)."""
+    earlier = runs.alias("earlier")
+    starts = (
+        select(func.count())
+        .where(earlier.c.job_id == runs.c.job_id, earlier.c.attempt == 1, earlier.c.id <= runs.c.id)
+        .scalar_subquery()
+    )
+    return case((starts < 1, 1), else_=starts).label("run")
+
+
+def job_exists(conn: Connection, job_id: int) -> bool:
+    return conn.execute(select(jobs.c.id).where(jobs.c.id == job_id)).first() is not None
+
+
+def latest_states(conn: Connection, names: Sequence[str]) -> dict[str, str]:
+    """The state of each named task's newest job, for the tasks that have one: the tasks that
+    never dispatched a job of their own, whose jobs ``backfill`` made. A statement per 500
+    names, each a walk of the ``(task_name, id)`` index's end per name."""
+    found: dict[str, str] = {}
+    for start in range(0, len(names), 500):
+        chunk = list(names[start : start + 500])
+        newest = (
+            select(func.max(jobs.c.id))
+            .where(jobs.c.task_name.in_(chunk))
+            .group_by(jobs.c.task_name)
+        )
+        stmt = select(jobs.c.task_name, jobs.c.state).where(jobs.c.id.in_(newest))
+        found.update({r.task_name: str(r.state) for r in conn.execute(stmt)})
+    return found
+
+
+def task_has_jobs(conn: Connection, name: str) -> bool:
+    """Whether any job of task ``name`` is kept (one entry of the ``(task_name, id)`` index)."""
+    stmt = select(jobs.c.id).where(jobs.c.task_name == name).limit(1)
+    return conn.execute(stmt).first() is not None
 
 
 #: ``scheduler jobs`` lists this many unless told otherwise.
-LIST_LIMIT = 50
+LIST_LIMIT = _limits.LIST_LIMIT
 
 
 def list_statement(
@@ -613,7 +662,7 @@ def purge(
     return deleted
 
 
-# -- operators: retry an aborted job, cancel a queued one (SPEC §10) ------------------------
+# -- operators: retry an aborted job, cancel a queued one (docs/howto/operate.md) ----------
 class JobStateError(SchedulerError):
     """The job is not in the state this operation needs."""
 
@@ -637,12 +686,17 @@ def requeue(
     *,
     now: datetime,
     job_defaults: Callable[[str], tuple[int, str]],
+    registered: Callable[[str], bool] | None = None,
 ) -> Job:
     """Move an ``aborted`` job back to ``queued`` with its attempts reset (the dead-letter
     requeue). A task's job must be the task's current job (``last_job_id``): it becomes a fresh
     run of it, handler and payload refreshed from the row, as a rerun in place does. A job
     ``backfill`` made is the other job of a task that may be retried: it runs its slot again,
     and the row (``last_job_id``, ``consecutive_failures``) is not touched.
+
+    ``max_attempts`` and queue come from ``job_defaults`` (the handler's registration); when
+    the handler is unchanged and ``registered`` says this process does not know it (a retry
+    from a dashboard that imports no handlers), the job keeps its own.
 
     One conditional UPDATE (``state = 'aborted'``), its row count checked: a job that changed
     meanwhile is refused, never requeued twice.
@@ -668,6 +722,12 @@ def requeue(
                     f" (job {row.last_job_id}): retry that one, or trigger the task"
                 )
             max_attempts, queue = job_defaults(row.handler)
+            if (
+                row.handler == job.handler
+                and registered is not None
+                and not registered(job.handler)
+            ):
+                max_attempts, queue = job.max_attempts, job.queue
             values.update(
                 handler=row.handler,
                 payload=row.payload,

@@ -1,6 +1,6 @@
 """The rows ``status`` warns about, found by the database: one statement, bounded on request.
 
-Five kinds, each a small select of the columns its warning needs (SPEC §6):
+Five kinds, each a small select of the columns its warning needs (docs/runbook.md):
 
 * ``overdue``: enabled, due longer ago than ``row_overdue`` and not held back by a job in
   flight (a row that allows overlap is never held back);

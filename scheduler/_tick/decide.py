@@ -3,9 +3,9 @@
 :func:`decide` reads no clock and writes nothing: it sees the row as the due query read it
 (with its last job's state and its run policies) and the tick's ``now``, and returns a
 :class:`Decision`: the action, the values to write, and the decision-log entries that go with
-it (SPEC §9). Carrying the decision out (the transaction, the compare-and-swap on the row's
-version that makes a stale snapshot lose, the entries written in that same transaction, the
-signals) is the dispatcher's part (``scheduler/_dispatch``).
+it (docs/howto/why-didnt-my-task-run.md). Carrying the decision out (the transaction, the
+compare-and-swap on the row's version that makes a stale snapshot lose, the entries written
+in that same transaction, the signals) is the dispatcher's part (``scheduler/_dispatch``).
 
 The rules, in order (docs/explanation/tick.md tells them for users):
 
@@ -59,7 +59,7 @@ class Action(StrEnum):
 
 
 class Logged(StrEnum):
-    """The decisions the log holds (``scheduler_decisions.decision``; SPEC §9)."""
+    """The decisions the log holds (``scheduler_decisions.decision``)."""
 
     DISPATCHED = "dispatched"
     RERUN = "rerun"

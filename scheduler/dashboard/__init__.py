@@ -1,4 +1,4 @@
-"""The web dashboard (SPEC §11): ``pip install 'scheduler[dashboard]'``.
+"""The web dashboard (docs/howto/dashboard.md): ``pip install 'scheduler[dashboard]'``.
 
 ``create_app(app)`` returns an ASGI application to mount in a host application or to serve
 with uvicorn (``scheduler dashboard`` does). Starlette and Jinja2 are imported only when it is

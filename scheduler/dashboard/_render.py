@@ -6,6 +6,7 @@ the templates are autoescaped.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,16 @@ def _strip(base: str, cells: list[dict[str, Any]]) -> Markup:
     return Markup(f'<span class="strip" aria-label="last runs">{"".join(parts)}</span>')
 
 
+_TICKED = re.compile(r"`([^`]+)`")
+
+
+def _ticks(text: str | None) -> Markup:
+    """A sentence of ours (a state, a warning) for HTML: escaped, and each `command` in
+    backticks, which the terminal shows as is, set as code."""
+    escaped = str(escape(text or ""))
+    return Markup(_TICKED.sub(r"<code>\1</code>", escaped))
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
@@ -108,5 +119,6 @@ def _environment() -> jinja2.Environment:
         iso=iso,
         q=lambda s: quote(str(s), safe=""),
         tone=lambda outcome: OUTCOME_TONES.get(outcome or "", "off"),
+        ticks=_ticks,
     )
     return env

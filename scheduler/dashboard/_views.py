@@ -80,7 +80,7 @@ def task_page(app: Scheduler, name: str, now: datetime) -> dict[str, Any] | None
         "job": job,
         "tone": explained["tone"],
         "state": explained["state"],
-        "fires": next_fires(row, now),
+        "fires": next_fires(row, now) if row.enabled else [],
         "runs": task_runs,
         "decisions": explained["decisions"],
         "policies": {

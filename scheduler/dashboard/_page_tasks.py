@@ -1,0 +1,59 @@
+"""The Tasks page (a filtered, paged list with each task's run strip) and the Task page (what
+``scheduler explain`` prints); ``/`` leads to the first."""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
+
+from . import _queries, _views
+from ._state import Dashboard, page, root_path
+
+
+def index(dash: Dashboard, request: Request) -> Response:
+    return RedirectResponse(root_path(request) + "/tasks", status_code=303)
+
+
+def tasks(dash: Dashboard, request: Request) -> Response:
+    app, p = dash.app, request.query_params
+    name, state = p.get("name", "").strip(), p.get("state", "")
+    state = state if state in _queries.TASK_STATES else ""
+    with app.store.read() as conn:
+        found = _queries.tasks(
+            conn, name=name, state=state, after=p.get("after") or None, now=app.clock()
+        )
+        strips = _queries.strips(conn, [t["name"] for t in found.items])
+    query = {k: v for k, v in (("name", name), ("state", state)) if v}
+    return dash.render(
+        request,
+        "tasks.html",
+        {
+            "tasks": found.items,
+            "strips": strips,
+            "filters": {"name": name, "state": state},
+            "task_states": _queries.TASK_STATES,
+            "next_page": urlencode({**query, "after": found.next_cursor})
+            if found.next_cursor is not None
+            else None,
+            "first_page": urlencode(query) if p.get("after") else None,
+        },
+    )
+
+
+def task(dash: Dashboard, request: Request) -> Response:
+    name = request.path_params["name"]
+    data = _views.task_page(dash.app, name, dash.app.clock())
+    if data is None:
+        return dash.render(request, "missing.html", {"what": f"task {name!r}"}, 404)
+    return dash.render(request, "task.html", data)
+
+
+def routes(dash: Dashboard) -> list[Route]:
+    return [
+        Route("/", page(dash, index)),
+        Route("/tasks", page(dash, tasks)),
+        Route("/tasks/{name:path}", page(dash, task)),
+    ]
