@@ -130,8 +130,11 @@ def write_config(
     scheduler: dict[str, Any] | None = None,
     worker: dict[str, Any] | None = None,
     tasks: Iterable[dict[str, Any]] = (),
+    database: dict[str, Any] | None = None,
 ) -> Path:
-    lines = ["[database]", f"url = {_toml(url)}", "", "[scheduler]"]
+    lines = ["[database]", f"url = {_toml(url)}"]
+    lines += [f"{k} = {_toml(v)}" for k, v in (database or {}).items()]
+    lines += ["", "[scheduler]"]
     lines += [f"{k} = {_toml(v)}" for k, v in (scheduler or {}).items()]
     lines += ["", "[worker]", f"imports = {_toml(['reliability_jobs'])}"]
     lines += [f"{k} = {_toml(v)}" for k, v in (worker or {}).items()]
