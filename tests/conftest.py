@@ -13,6 +13,7 @@ with the reason without Debian's ``pgbouncer``; required with ``CI=true``.
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import os
 import shutil
@@ -65,6 +66,7 @@ def pgbouncer_url() -> str:
         )
         try:
             _bouncer.append(bouncer.start())
+            atexit.register(bouncer.stop)  # also if the session never finishes cleanly
         except (FileNotFoundError, RuntimeError) as exc:
             _bouncer_problem.append(str(exc))
     if _bouncer_problem:
