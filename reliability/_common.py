@@ -52,7 +52,11 @@ def check_loopback(url: str) -> None:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         return
-    if parsed.host not in LOOPBACK:
+    hosts = parsed.query.get("host", ())  # a multi-host URL: ?host=A:port&host=B:port
+    names = [h.rsplit(":", 1)[0] for h in ([hosts] if isinstance(hosts, str) else hosts)]
+    if not names or parsed.host:
+        names.append(parsed.host or "")
+    if any(name not in LOOPBACK for name in names):
         raise SystemExit(f"refusing {parsed.render_as_string()}: loopback servers only")
 
 
@@ -126,8 +130,11 @@ def write_config(
     scheduler: dict[str, Any] | None = None,
     worker: dict[str, Any] | None = None,
     tasks: Iterable[dict[str, Any]] = (),
+    database: dict[str, Any] | None = None,
 ) -> Path:
-    lines = ["[database]", f"url = {_toml(url)}", "", "[scheduler]"]
+    lines = ["[database]", f"url = {_toml(url)}"]
+    lines += [f"{k} = {_toml(v)}" for k, v in (database or {}).items()]
+    lines += ["", "[scheduler]"]
     lines += [f"{k} = {_toml(v)}" for k, v in (scheduler or {}).items()]
     lines += ["", "[worker]", f"imports = {_toml(['reliability_jobs'])}"]
     lines += [f"{k} = {_toml(v)}" for k, v in (worker or {}).items()]

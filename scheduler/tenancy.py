@@ -25,6 +25,9 @@ maps it); a job without a tenant uses ``public``. :class:`SchemaPerTenant` is bo
 ``search_path`` is set with ``SET LOCAL`` (``set_config(..., true)``), so it ends with the
 transaction and never leaks into a pooled connection that another tenant's run gets next.
 A program with a pool of its own sets it itself, with :meth:`SchemaPerTenant.search_path`.
+Behind a transaction pooler (PgBouncer; ``pooler="transaction"``, or
+``SCHEDULER_DATABASE_POOLER=transaction`` in the environment) this is the only way that
+works, and these connections make no server-side prepared statements either.
 
 Entering the context checks that the tenant's schema exists: a missing schema fails that run
 with code ``tenant_context_failed`` (the handler never starts), and no other tenant's run.
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextvars import ContextVar, Token
 from types import TracebackType
@@ -106,7 +110,10 @@ class SchemaPerTenant:
     ``AsyncConnection`` to the same database (or to ``async_conninfo``). ``schema`` maps a
     tenant id to its schema's name (default: the id itself); ``default`` is the schema of a
     run without a tenant; ``shared`` schemas are searched after the tenant's (e.g.
-    ``("public",)`` for tables every tenant shares).
+    ``("public",)`` for tables every tenant shares). ``pooler``: ``"transaction"`` when
+    ``database`` is a transaction-mode pooler (PgBouncer): no server-side prepared statements
+    on the connections made here (default: ``SCHEDULER_DATABASE_POOLER``, else ``"none"``;
+    an ``Engine`` given is used as it is).
     """
 
     def __init__(
@@ -117,8 +124,20 @@ class SchemaPerTenant:
         default: str = "public",
         shared: tuple[str, ...] = (),
         async_conninfo: str | None = None,
+        pooler: str | None = None,
     ) -> None:
-        self.engine = create_engine(database) if isinstance(database, str) else database
+        if pooler is None:
+            pooler = os.environ.get("SCHEDULER_DATABASE_POOLER", "").strip() or "none"
+        if pooler not in ("none", "transaction"):
+            raise ValueError(f"pooler must be 'none' or 'transaction', not {pooler!r}")
+        #: No server-side prepared statements (psycopg's ``prepare_threshold=None``).
+        self.unprepared = pooler == "transaction"
+        if isinstance(database, str):
+            unprepared = {"prepare_threshold": None} if self.unprepared else {}
+            is_psycopg = database.startswith("postgresql+psycopg:")
+            self.engine = create_engine(database, connect_args=unprepared if is_psycopg else {})
+        else:
+            self.engine = database
         self.schema_for: Callable[[str], str] = schema or (lambda tenant: tenant)
         self.default = default
         self.shared = shared
@@ -170,7 +189,11 @@ class SchemaPerTenant:
         import psycopg
 
         path = self.search_path()
-        async with await psycopg.AsyncConnection.connect(self.async_conninfo) as conn:
+        if self.unprepared:  # behind a transaction pooler
+            connect = psycopg.AsyncConnection.connect(self.async_conninfo, prepare_threshold=None)
+        else:
+            connect = psycopg.AsyncConnection.connect(self.async_conninfo)
+        async with await connect as conn:
             async with conn.transaction():
                 await conn.execute(_SET_LOCAL, (path,))
                 yield conn

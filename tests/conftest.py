@@ -3,19 +3,28 @@
 PostgreSQL (``SCHEDULER_TEST_PG``, default database ``test`` on 127.0.0.1:5432) and MariaDB
 (``SCHEDULER_TEST_MYSQL``, database ``test`` on 127.0.0.1:3306) are skipped with a reason when
 unreachable on a developer's machine; with ``CI=true`` an unreachable server fails the run.
+
+``pgbouncer``: the PostgreSQL cases once more, through a PgBouncer in transaction mode with a
+small pool (``reliability/_pgbouncer.py``), one per pytest process, started on first use on a
+free port and stopped at the end; the test runs with ``SCHEDULER_DATABASE_POOLER=transaction``
+(so every Scheduler and Store it makes, and every worker process it starts, knows). Skipped
+with the reason without Debian's ``pgbouncer``; required with ``CI=true``.
 """
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, delete, text
+from sqlalchemy.engine import make_url as make_sa_url
 
 from scheduler import Scheduler
 from scheduler._handlers import Registry
@@ -34,6 +43,38 @@ PG_URL = f"{PG_SERVER}?options=-csearch_path%3D{_SESSION}"
 MYSQL_URL = MYSQL_SERVER.rsplit("/", 1)[0] + f"/{_SESSION}"
 
 _reachable: dict[str, str | None] = {}
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "reliability"))
+import _pgbouncer  # noqa: E402
+
+PGBOUNCER_POOL = 4  # server connections the pooler keeps for this pytest process
+_bouncer: list[_pgbouncer.PgBouncer] = []
+_bouncer_problem: list[str] = []
+
+
+def pgbouncer_url() -> str:
+    """The URL of this pytest process's PgBouncer (started on first use) in front of the
+    PostgreSQL server, whose connections use this session's schema; skips (fails under CI)
+    without pgbouncer."""
+    if not _bouncer and not _bouncer_problem:
+        server = make_sa_url(PG_SERVER)
+        bouncer = _pgbouncer.PgBouncer(
+            {_SESSION: (server.database or "test", _SESSION)},
+            server_host=server.host or "127.0.0.1",
+            server_port=server.port or 5432,
+            pool_size=PGBOUNCER_POOL,
+        )
+        try:
+            _bouncer.append(bouncer.start())
+            atexit.register(bouncer.stop)  # also if the session never finishes cleanly
+        except (FileNotFoundError, RuntimeError) as exc:
+            _bouncer_problem.append(str(exc))
+    if _bouncer_problem:
+        message = f"PgBouncer: {_bouncer_problem[0]}"
+        if IN_CI:
+            pytest.fail(f"{message}; CI requires it", pytrace=False)
+        pytest.skip(message)
+    return _bouncer[0].url(_SESSION)
 
 
 def server_problem(url: str) -> str | None:
@@ -127,6 +168,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    while _bouncer:
+        _bouncer.pop().stop()
     _drop_namespaces()
 
 
@@ -156,30 +199,57 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def make_url(backend: str, tmp_path: Path, sqlite_template: Path) -> str:
+    """A migrated, empty database for `backend`. For ``pgbouncer`` the caller also sets
+    ``SCHEDULER_DATABASE_POOLER=transaction`` for the test (:func:`backend_url` does)."""
     if backend == "sqlite":
         path = tmp_path / "scheduler.db"
         shutil.copy(sqlite_template, path)
         return f"sqlite:///{path}"
+    if backend == "pgbouncer":
+        require_server(PG_URL, "PostgreSQL")
+        url = pgbouncer_url()
+        _fresh_server_db(PG_URL)
+        return url
     url, label = (PG_URL, "PostgreSQL") if backend == "postgresql" else (MYSQL_URL, "MariaDB")
     require_server(url, label)
     _fresh_server_db(url)
     return url
 
 
-@pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
+def backend_url(
+    request: pytest.FixtureRequest, backend: str, tmp_path: Path, template: Path
+) -> str:
+    """:func:`make_url`; through PgBouncer, the test runs with the pooler setting in its
+    environment (worker processes it starts inherit it)."""
+    if backend == "pgbouncer":
+        monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+        monkeypatch.setenv("SCHEDULER_DATABASE_POOLER", "transaction")
+    return make_url(backend, tmp_path, template)
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "pgbouncer", "mariadb"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path) -> str:
-    """A migrated, empty database on each engine."""
-    return make_url(request.param, tmp_path, sqlite_template)
+    """A migrated, empty database on each engine (PostgreSQL also through PgBouncer)."""
+    return backend_url(request, request.param, tmp_path, sqlite_template)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", "pgbouncer"])
 def db_url_sp(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path) -> str:
-    """A migrated, empty database on SQLite and PostgreSQL (the process-race backends)."""
-    return make_url(request.param, tmp_path, sqlite_template)
+    """A migrated, empty database on SQLite and PostgreSQL (the process-race backends),
+    PostgreSQL also through PgBouncer."""
+    return backend_url(request, request.param, tmp_path, sqlite_template)
+
+
+@pytest.fixture(params=["postgresql", "pgbouncer"])
+def pg_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path) -> str:
+    """A migrated, empty PostgreSQL database, directly and through PgBouncer."""
+    return backend_url(request, request.param, tmp_path, sqlite_template)
 
 
 @pytest.fixture
-def pg_url(tmp_path: Path, sqlite_template: Path) -> str:
+def direct_pg_url(tmp_path: Path, sqlite_template: Path) -> str:
+    """A migrated, empty PostgreSQL database reached directly, never through a pooler (what
+    must be: ``pg_terminate_backend`` of one's own backend, ``pg_prepared_statements``)."""
     return make_url("postgresql", tmp_path, sqlite_template)
 
 

@@ -121,7 +121,8 @@ def test_driver_errors_are_sqlalchemys_and_the_connection_recovers(app: Schedule
         assert conn.execute(select(jobs.c.handler)).scalars().all() == ["h"]
 
 
-def test_a_lost_connection_invalidates_it(pg_url: str) -> None:
+def test_a_lost_connection_invalidates_it(direct_pg_url: str) -> None:
+    pg_url = direct_pg_url  # a backend of one's own to terminate: never through PgBouncer
     app = Scheduler(pg_url)
     try:
         prepared = PreparedSet(lambda _dialect: INSERT, Prepared)

@@ -261,8 +261,9 @@ def test_postgres_urls_without_a_driver_use_psycopg(pg_url: str, tmp_path: Path)
 
 
 def test_a_database_that_does_not_exist_says_so_and_how_to_create_it(
-    pg_url: str, tmp_path: Path
+    direct_pg_url: str, tmp_path: Path
 ) -> None:
+    pg_url = direct_pg_url  # the server's own answer (PgBouncer answers "no such database")
     server = pg_url.split("?")[0].rsplit("/", 1)[0]  # postgresql+psycopg://postgres@host:port
     missing = f"{server}/sched_no_such_database_11".replace("+psycopg", "")
     project(tmp_path, missing)

@@ -43,6 +43,14 @@ def app(pg_url: str) -> Iterator[Scheduler]:
     scheduler.close()
 
 
+@pytest.fixture
+def direct_app(direct_pg_url: str) -> Iterator[Scheduler]:
+    """Never through PgBouncer: a backend of one's own to terminate, statements prepared."""
+    scheduler = Scheduler(direct_pg_url, registry=Registry())
+    yield scheduler
+    scheduler.close()
+
+
 def spread(app: Scheduler) -> Spread:
     return Spread(INSERT, app.store.engine.dialect)
 
@@ -103,11 +111,12 @@ def test_a_failing_set_fails_alone(app: Scheduler) -> None:
 
 
 def test_a_lost_connection_fails_its_set_and_the_others_run_elsewhere(
-    app: Scheduler, pg_url: str
+    direct_app: Scheduler, direct_pg_url: str
 ) -> None:
+    app = direct_app
     with app.store.engine.connect() as a, app.store.engine.connect() as b:
         spread(app).run([a, b], [values(0), values(1)])  # both prepared
-        terminate(pg_url, backend(b))
+        terminate(direct_pg_url, backend(b))
         results = spread(app).run([a, b], [values(i) for i in range(2, 12)])
         failed = [r for r in results if isinstance(r, BaseException)]
         assert len(failed) <= 1  # the set in flight on b, if b was sent one before it broke
@@ -119,10 +128,13 @@ def test_a_lost_connection_fails_its_set_and_the_others_run_elsewhere(
     assert len(done) >= 9
 
 
-def test_when_every_connection_is_lost_every_set_fails(app: Scheduler, pg_url: str) -> None:
+def test_when_every_connection_is_lost_every_set_fails(
+    direct_app: Scheduler, direct_pg_url: str
+) -> None:
+    app = direct_app
     with app.store.engine.connect() as a:
         spread(app).run([a], [values(0)])
-        terminate(pg_url, backend(a))
+        terminate(direct_pg_url, backend(a))
         results = spread(app).run([a], [values(i) for i in range(1, 4)])
         assert all(isinstance(r, DBAPIError) and r.connection_invalidated for r in results)
         assert a.invalidated
@@ -130,9 +142,10 @@ def test_when_every_connection_is_lost_every_set_fails(app: Scheduler, pg_url: s
 
 
 def test_a_session_that_lost_its_prepared_statements_prepares_again(
-    app: Scheduler, pg_url: str
+    direct_app: Scheduler, direct_pg_url: str
 ) -> None:
-    engine = create_engine(pg_url)
+    app = direct_app
+    engine = create_engine(direct_pg_url)
     try:
         one = Spread(INSERT, engine.dialect)
         with engine.connect() as conn:

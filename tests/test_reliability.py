@@ -327,8 +327,12 @@ def test_connections_cut_for_20_seconds(pg_url: str, tmp_path: Path) -> None:
     )
     must_be_zero(figures, notes)
     values = {f.name: f.value for f in figures}
-    assert values["backends terminated"] >= 10  # the cuts happened
-    assert values["cuts inside a statement"] >= 3
+    if os.environ.get("SCHEDULER_DATABASE_POOLER") != "transaction":
+        assert values["backends terminated"] >= 10  # the cuts happened
+        assert values["cuts inside a statement"] >= 3
+    else:  # through PgBouncer a server connection bears the worker's application_name only
+        # while it serves one of its transactions: fewer backends are found to cut
+        assert values["backends terminated"] >= 1
     assert values["task dispatches announced"] > 200  # and the schedule ran meanwhile
     assert values["jobs succeeded"] > 100
     assert "worker still running: yes" in notes

@@ -195,8 +195,9 @@ def test_database_errors_are_retried_with_backoff(
 
 
 def test_killed_connections_lose_no_job(
-    pg_url: str, tmp_path: Path, spawn: Callable[..., WorkerProcess]
+    direct_pg_url: str, tmp_path: Path, spawn: Callable[..., WorkerProcess]
 ) -> None:
+    pg_url = direct_pg_url  # the worker's own backends to terminate: never through PgBouncer
     victim = f"{pg_url}&application_name=sched_worker_{os.getpid()}"
     survive_database_outage(victim, tmp_path, spawn, lambda: terminate_backends(pg_url, victim))
 

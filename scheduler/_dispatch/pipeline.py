@@ -19,6 +19,12 @@ behind PgBouncer in transaction mode). Cursor events fire for every execution, s
 counters see them (each connection's listeners are taken once per run). A driver error comes
 back as SQLAlchemy's exception for that parameter set (a lost connection is invalidated); the
 other sets still run on the other connections.
+
+Behind a transaction pooler (``[database] pooler = "transaction"``) a session setting would
+land on whichever server connection the pooler picked, so each execution carries its own:
+the connection is put in libpq's pipeline mode for it, and the transaction's settings
+(``engine.local_settings``), the statement and a Sync go together, one round trip, one
+implicit transaction (everything before a Sync is one).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from sqlalchemy import Connection, Dialect
 from sqlalchemy.sql import ClauseElement
 
 from .._store.driver import Prepared, cursor_events, driver_error, with_paramstyle
+from .._store.engine import LOCAL_SETTINGS_KEY
 
 
 class _Unsent:
@@ -164,7 +171,9 @@ class _Lane:
         driver: Any = conn.connection.driver_connection
         self.pgconn: Any = driver.pgconn
         self.encoding: str = driver.info.encoding
-        self.prepared = driver.prepare_threshold is not None
+        #: The transaction's settings, sent before each execution (behind a pooler), or None.
+        self.local: bytes | None = conn.connection.info.get(LOCAL_SETTINGS_KEY)
+        self.prepared = driver.prepare_threshold is not None and self.local is None
         self.socket = -1
         self.cursor = conn.connection.cursor()  # for the cursor events' signature
         self.events = cursor_events(conn)  # once per run: a lookup per execution costs more
@@ -173,6 +182,8 @@ class _Lane:
         self.index = -1
         self.args: tuple[Any, ...] = ()
         self.retried = False
+        self.results = 0  # in pipeline mode: results read of the execution in flight
+        self.outcome: Any = None  # in pipeline mode: the execution's result so far
 
     def open(self) -> BaseException | None:
         """Get ready to send: the socket, and the statement prepared on this connection unless
@@ -223,10 +234,17 @@ class _Lane:
             else _text(value, encoding)
             for value in self.args
         ]
-        if self.prepared:
-            self.pgconn.send_query_prepared(self.spread.name, values)
+        pgconn = self.pgconn
+        if self.local is not None:
+            pgconn.enter_pipeline_mode()
+            pgconn.send_query_params(self.local, None)
+            pgconn.send_query_params(self.spread.sql_bytes, values)
+            pgconn.pipeline_sync()
+            self.results = 0
+        elif self.prepared:
+            pgconn.send_query_prepared(self.spread.name, values)
         else:
-            self.pgconn.send_query_params(self.spread.sql_bytes, values)
+            pgconn.send_query_params(self.spread.sql_bytes, values)
         self.busy = True
         while self.pgconn.flush():  # a few hundred bytes: the socket takes them at once
             pass
@@ -236,6 +254,8 @@ class _Lane:
         from psycopg import OperationalError, pq
 
         pgconn = self.pgconn
+        if self.local is not None:
+            return self._receive_pipeline(results)
         outcome: Any = None
         try:
             pgconn.consume_input()
@@ -261,6 +281,46 @@ class _Lane:
                 outcome = failed
         except OperationalError as exc:  # the connection broke
             outcome = driver_error(self.conn, self.spread.sql, self.args, exc)
+        self.busy = False
+        results[self.index] = outcome
+        if isinstance(outcome, BaseException):
+            self.usable = not self.conn.invalidated
+        else:
+            for listener in self.events[1]:
+                listener(self.conn, self.cursor, self.spread.sql, self.args, None, False)
+        return True
+
+    def _receive_pipeline(self, results: list[Any]) -> bool:
+        """:meth:`receive` in pipeline mode: the settings' result, the statement's, the Sync."""
+        from psycopg import OperationalError, pq
+
+        pgconn = self.pgconn
+        try:
+            pgconn.consume_input()
+            while not pgconn.is_busy():
+                result = pgconn.get_result()
+                if result is None:  # the end of one query's results
+                    continue
+                status = result.status
+                if status == pq.ExecStatus.PIPELINE_SYNC:
+                    pgconn.exit_pipeline_mode()
+                    break
+                self.results += 1
+                if status == pq.ExecStatus.FATAL_ERROR:
+                    self.outcome = self.error(result)
+                    if self.conn.invalidated:  # closed: nothing more to read
+                        break
+                elif self.results == 2:  # the statement's (the settings' came first)
+                    if status == pq.ExecStatus.TUPLES_OK:
+                        value = result.get_value(0, 0) if result.ntuples else None
+                        self.outcome = None if value is None else int(value)
+                    elif status != pq.ExecStatus.PIPELINE_ABORTED:  # aborted: settings failed
+                        self.outcome = self.error(result)
+            else:
+                return False
+        except OperationalError as exc:  # the connection broke
+            self.outcome = driver_error(self.conn, self.spread.sql, self.args, exc)
+        outcome, self.outcome = self.outcome, None
         self.busy = False
         results[self.index] = outcome
         if isinstance(outcome, BaseException):

@@ -20,8 +20,9 @@ with the driver's ``nextset`` (DB-API's optional extension).
 This module is the one place that relies on SQLAlchemy behaviour outside its public API: the
 compiled statement's ``binds`` and ``positiontup``, a bind type's ``dialect_impl`` processor,
 the connection's ``dispatch`` of cursor listeners (called with the signature
-``Connection.execute`` uses), ``DBAPIError.instance``, and a dialect class made again with
-another ``paramstyle``. tests/test_driver.py pins each of them
+``Connection.execute`` uses), ``DBAPIError.instance``, ``Pool._invalidate`` (what
+``Connection.execute`` calls on a disconnect), and a dialect class made again with another
+``paramstyle``. tests/test_driver.py pins each of them
 (``test_the_sqlalchemy_behaviour_this_adapter_relies_on``), so an upgrade that changes one
 fails a test, not a tick.
 """
@@ -37,17 +38,54 @@ from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
+READ_ONLY_SQLSTATES = frozenset({"25006"})
+"""PostgreSQL's read_only_sql_transaction: "cannot execute UPDATE in a read-only transaction"
+(a demoted primary, ``default_transaction_read_only = on``) and "cannot execute nextval()
+during recovery" (a hot standby)."""
+
+READ_ONLY_MESSAGES = ("recovery is in progress", "conflict with recovery")
+"""What else a standby answers: a function that needs a primary (SQLSTATE 55000) and a
+statement canceled by a hot-standby conflict (40001)."""
+
+MYSQL_READ_ONLY = frozenset({1290, 1792, 1836})
+"""ER_OPTION_PREVENTS_STATEMENT (``--read-only``), ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION,
+ER_READ_ONLY_MODE."""
+
+
+def read_only_server(exc: BaseException) -> bool:
+    """The server refused a statement because it is read-only or in recovery: after a
+    switchover or a failover the connection talks to a server that is no longer the primary.
+    Such a connection is lost to us, like a cut one (the pool is emptied and the next
+    connection goes to the primary: a multi-host URL with ``target_session_attrs=read-write``)."""
+    state = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+    if isinstance(state, str):
+        if state in READ_ONLY_SQLSTATES:
+            return True
+        if state in ("55000", "40001"):
+            text = str(exc)
+            return any(message in text for message in READ_ONLY_MESSAGES)
+        return False
+    args = getattr(exc, "args", ())
+    code = getattr(exc, "errno", None) or (args[0] if args else None)
+    return isinstance(code, int) and code in MYSQL_READ_ONLY
+
 
 def driver_error(
     conn: Connection, statement: str, arguments: Any, exc: Exception, cursor: Any = None
 ) -> StatementError:
     """The SQLAlchemy exception ``Connection.execute`` would raise for the driver's `exc`;
-    a lost connection is invalidated first, so the pool replaces it."""
+    a lost connection (or one to a server that turned read-only) is invalidated first, with
+    the pool's other connections, as ``Connection.execute`` does, so the pool replaces them."""
     dialect = conn.dialect
     error: Any = exc  # one of the driver's DB-API errors
     lost = dialect.is_disconnect(error, conn.connection.dbapi_connection, cursor)
+    lost = lost or read_only_server(exc)
     if lost:
+        fairy = conn.connection
         conn.invalidate(exc)
+        # Connections made before now are replaced when next checked out (SQLAlchemy's
+        # Pool._invalidate, what Connection.execute calls on a disconnect).
+        conn.engine.pool._invalidate(fairy, exc, _checkin=False)
     return DBAPIError.instance(
         statement,
         arguments,

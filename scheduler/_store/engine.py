@@ -20,10 +20,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import ExceptionContext, make_url
 from sqlalchemy.exc import DisconnectionError
 
-from .driver import driver_error
+from .._errors import ConfigError
+from .driver import driver_error, read_only_server
 
 log = logging.getLogger(__name__)
 
@@ -174,37 +175,147 @@ def _ping_when_idle(engine: Engine) -> None:
             raise DisconnectionError(f"connection lost while idle: {exc}") from exc
 
 
-def _bounded_waits(engine: Engine, backend: str) -> None:
-    """Every new server connection waits for a lock at most ``LOCK_TIMEOUT_SECONDS`` (a
-    shorter timeout set for the session already, by the URL or an ``init_command``, stays)."""
+def _duration(seconds: float) -> str:
+    """`seconds` as a PostgreSQL duration in whole milliseconds (at least 1)."""
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+def local_settings(database: DatabaseSettings) -> str:
+    """One PostgreSQL statement that sets, for the current transaction only
+    (``set_config(..., true)``, which is ``SET LOCAL``), what every transaction of ours needs:
+    a lock wait of at most ``LOCK_TIMEOUT_SECONDS`` (a shorter ``lock_timeout`` already in
+    force stays) and the ``statement_timeout`` of ``[database]`` (if not 0)."""
+    bound = f"{LOCK_TIMEOUT_SECONDS}s"
+    current = "current_setting('lock_timeout')"
+    settings = [
+        f"set_config('lock_timeout', CASE WHEN {current} = '0'"
+        f" OR {current}::interval > interval '{bound}' THEN '{bound}' ELSE {current} END, true)"
+    ]
+    if database.statement_timeout > 0:
+        timeout = _duration(database.statement_timeout)
+        settings.append(f"set_config('statement_timeout', '{timeout}', true)")
+    return "SELECT " + ", ".join(settings)
+
+
+def _session_settings(backend: str, database: DatabaseSettings, driver: str) -> str:
+    """The statement a new server connection runs once (``pooler = "none"``): the lock wait
+    bound (a shorter timeout set for the session already, by the URL or an ``init_command``,
+    stays) and the statement timeout, for the session."""
     if backend == "postgresql":  # lock_timeout 0 is "wait for ever"
         statement = (
             f"SELECT set_config('lock_timeout', '{LOCK_TIMEOUT_SECONDS}s', false)"
             " WHERE current_setting('lock_timeout') = '0'"
             f" OR current_setting('lock_timeout')::interval > interval '{LOCK_TIMEOUT_SECONDS}s'"
         )
-    else:
-        statement = (
-            "SET SESSION innodb_lock_wait_timeout ="
-            f" LEAST(@@session.innodb_lock_wait_timeout, {LOCK_TIMEOUT_SECONDS}),"
-            f" lock_wait_timeout = LEAST(@@session.lock_wait_timeout, {LOCK_TIMEOUT_SECONDS})"
+        if database.statement_timeout > 0:
+            timeout = _duration(database.statement_timeout)
+            statement += f"; SET statement_timeout = '{timeout}'"
+        return statement
+    statement = (
+        "SET SESSION innodb_lock_wait_timeout ="
+        f" LEAST(@@session.innodb_lock_wait_timeout, {LOCK_TIMEOUT_SECONDS}),"
+        f" lock_wait_timeout = LEAST(@@session.lock_wait_timeout, {LOCK_TIMEOUT_SECONDS})"
+    )
+    if database.statement_timeout > 0:
+        seconds = database.statement_timeout
+        statement += (
+            f", max_statement_time = {seconds:g}"  # MariaDB: seconds, any statement
+            if backend == "mariadb" or driver == "mariadb"
+            else f", max_execution_time = {max(1, round(seconds * 1000))}"  # MySQL: ms, SELECT
         )
+    return statement
+
+
+def _bounded_waits(engine: Engine, backend: str, database: DatabaseSettings) -> None:
+    """Every new server connection gets the session settings of :func:`_session_settings`
+    (``pooler = "none"``: the session is ours for the connection's life)."""
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        statement = _session_settings(backend, database, _mysql_flavour(engine, dbapi_connection))
         cursor = dbapi_connection.cursor()
-        cursor.execute(statement)
+        for part in statement.split("; "):
+            cursor.execute(part)
         cursor.close()
         dbapi_connection.commit()  # a session setting outlives its transaction
 
 
+def _mysql_flavour(engine: Engine, dbapi_connection: Any) -> str:
+    """``"mariadb"`` or ``"mysql"`` for a MySQL-protocol connection (the dialect knows once the
+    first connection is initialised; until then, the server's version string says)."""
+    dialect: Any = engine.dialect
+    if dialect.name != "mysql" and dialect.name != "mariadb":
+        return str(dialect.name)
+    if getattr(dialect, "_is_mariadb", None) is not None or dialect.server_version_info:
+        return "mariadb" if dialect.is_mariadb else "mysql"
+    version = getattr(dbapi_connection, "get_server_info", lambda: "")()
+    return "mariadb" if "mariadb" in str(version).lower() else "mysql"
+
+
+LOCAL_SETTINGS_KEY = "scheduler_local_settings"
+"""In a pooled connection's ``info`` behind a transaction pooler: :func:`local_settings`, which
+a statement run in its own implicit transaction sends before it (``_dispatch/pipeline.py``)."""
+
+
+def _settings_per_transaction(engine: Engine, database: DatabaseSettings) -> None:
+    """Behind a transaction pooler (``pooler = "transaction"``) a session setting lands on
+    whichever server connection served that one statement: every transaction carries its own
+    settings instead. With psycopg they travel with the BEGIN, in its one round trip (the
+    driver is put in autocommit, so that it sends no BEGIN of its own; its ``commit()`` and
+    ``rollback()`` still end the transaction the server has open); with another driver they
+    are the transaction's first statement."""
+    settings = local_settings(database)
+    psycopg = engine.dialect.driver == "psycopg"
+    begin = f"BEGIN; {settings}"
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(_dbapi_connection: Any, record: Any) -> None:
+        record.info[LOCAL_SETTINGS_KEY] = settings.encode()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+            return  # the caller asked for statements that are their own transactions
+        driver: Any = conn.connection.driver_connection
+        cursor = driver.cursor()
+        try:
+            if psycopg:
+                if not driver.autocommit:
+                    driver.autocommit = True  # a local flag, no round trip
+                cursor.execute(begin)
+            else:
+                cursor.execute(settings)
+        except engine.dialect.loaded_dbapi.Error as exc:
+            error = driver_error(conn, begin, (), exc, cursor)
+            if not conn.invalidated:  # a BEGIN that went through is not left open
+                conn.connection.dbapi_connection.rollback()  # type: ignore[union-attr]
+            raise error from exc
+        finally:
+            cursor.close()
+
+
+def settings_from_environment() -> DatabaseSettings:
+    """The ``[database]`` defaults with ``SCHEDULER_DATABASE_<KEY>`` applied (what an engine
+    made without settings uses)."""
+    from .._config import database_settings
+
+    return database_settings({}, "environment")
+
+
 def make_engine(url: str, database: DatabaseSettings | None = None, **kwargs: Any) -> Engine:
     """Create an engine with our per-dialect settings and the ``[database]`` ones
-    (``database``: the pool's size and overflow, the connect timeout; what the URL's own
-    query sets, such as ``connect_timeout``, stays)."""
-    database = database or DatabaseSettings()
+    (``database``: the pool's size and overflow, the connect timeout, the statement timeout,
+    the pooler; what the URL's own query sets, such as ``connect_timeout``, stays). Without
+    `database`, the defaults and ``SCHEDULER_DATABASE_<KEY>`` from the environment."""
+    database = database or settings_from_environment()
     parsed = make_url(url)
     backend = parsed.get_backend_name()
+    pooled = database.pooler == "transaction"
+    if pooled and backend != "postgresql":
+        raise ConfigError(
+            f"[database] pooler = 'transaction' is for PostgreSQL behind a transaction-mode"
+            f" pooler (PgBouncer, RDS Proxy); this URL is {backend}"
+        )
     options: dict[str, Any] = {}
     connect_args: dict[str, Any] = {}
     if backend != "sqlite":
@@ -219,6 +330,10 @@ def make_engine(url: str, database: DatabaseSettings | None = None, **kwargs: An
         options.update(pool_recycle=3600)
     if backend == "postgresql" and "application_name" not in parsed.query:
         connect_args["application_name"] = APPLICATION_NAME
+    if pooled and parsed.get_driver_name() == "psycopg":
+        # A server-side prepared statement lives in one server connection's session, and the
+        # pooler hands the next transaction another: none is made, ever.
+        connect_args["prepare_threshold"] = None
     if connect_args:
         options.update(connect_args=connect_args)
     options.update(kwargs)
@@ -226,12 +341,29 @@ def make_engine(url: str, database: DatabaseSettings | None = None, **kwargs: An
     if backend == "sqlite":
         _sqlite_hooks(engine)
     else:
-        _bounded_waits(engine, backend)
+        if pooled:
+            _settings_per_transaction(engine, database)
+        else:
+            _bounded_waits(engine, backend, database)
         if backend in ("mysql", "mariadb") and engine.dialect.driver == "pymysql":
             _several_statements(engine)
         if not options.get("pool_pre_ping"):
             _ping_when_idle(engine)
     return engine
+
+
+def _read_only_is_lost(context: ExceptionContext) -> None:
+    """``handle_error``: a server that answers read-only or in recovery is a lost connection
+    (SQLAlchemy then invalidates it and the pool, as for a cut one, and the worker's back-off
+    retries on a new connection; see ``driver.read_only_server``)."""
+    if not context.is_disconnect and read_only_server(context.original_exception):
+        context.is_disconnect = True
+
+
+def lose_read_only_servers(engine: Engine) -> None:
+    """Treat a read-only or recovering server as a lost connection on `engine` (once)."""
+    if not event.contains(engine, "handle_error", _read_only_is_lost):
+        event.listen(engine, "handle_error", _read_only_is_lost)
 
 
 class Store:
@@ -240,7 +372,7 @@ class Store:
     def __init__(
         self, url_or_engine: str | Engine, database: DatabaseSettings | None = None
     ) -> None:
-        self.database = database or DatabaseSettings()
+        self.database = database or settings_from_environment()
         self.engine = (
             make_engine(url_or_engine, self.database)
             if isinstance(url_or_engine, str)
@@ -248,6 +380,8 @@ class Store:
         )
         dialect = self.engine.dialect
         name = dialect.name
+        if name != "sqlite":
+            lose_read_only_servers(self.engine)
         update_returning = bool(getattr(dialect, "update_returning", False))
         psycopg = name == "postgresql" and dialect.driver == "psycopg"
         self.caps = Capabilities(
@@ -258,7 +392,9 @@ class Store:
             claim_returning=update_returning and name != "mysql",
             single_writer=name == "sqlite",
             pipeline=psycopg,
-            autocommit_reads=psycopg,
+            # Behind a transaction pooler a statement in the driver's autocommit would run
+            # without the transaction's settings: reads are transactions there.
+            autocommit_reads=psycopg and self.database.pooler != "transaction",
             nowait=nowait(dialect),
         )
         if name in ("mysql", "mariadb") and dialect.server_version_info is None:
