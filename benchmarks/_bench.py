@@ -406,3 +406,95 @@ class PgBouncer:
         if self.process.poll() is None:
             self.process.terminate()
             self.process.wait(timeout=10)
+
+
+# -- a PostgreSQL cluster of the script's own ----------------------------------------------------
+class PgCluster:
+    """A PostgreSQL cluster made with ``initdb`` in a temporary folder and started on a free
+    port with the server's defaults (autovacuum on), for a benchmark that must see what a
+    production server does (the shared test server may run with autovacuum off). Run as the
+    ``postgres`` user when started as root; stopped (``pg_ctl stop -m fast``) and removed by
+    :meth:`close`. ``settings``: extra ``-c name=value`` for the server."""
+
+    def __init__(
+        self,
+        settings: dict[str, str] | None = None,
+        bindir: str = "/usr/lib/postgresql/15/bin",
+    ) -> None:
+        import pwd
+        import shutil
+        import socket
+        import subprocess
+
+        if not Path(bindir, "initdb").exists():
+            raise RuntimeError(f"no PostgreSQL binaries in {bindir}")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.dir = Path(tempfile.mkdtemp(prefix="scheduler-bench-pg-"))
+        self._bindir = bindir
+        self._prefix: list[str] = []
+        if os.geteuid() == 0:  # the server refuses to run as root
+            owner = pwd.getpwnam("postgres")
+            os.chown(self.dir, owner.pw_uid, owner.pw_gid)
+            self._prefix = ["runuser", "-u", "postgres", "--"]
+        data = self.dir / "data"
+        subprocess.run(
+            [
+                *self._prefix,
+                f"{bindir}/initdb",
+                "-D",
+                str(data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--no-sync",
+                "-E",
+                "UTF8",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        options = {
+            "listen_addresses": "127.0.0.1",
+            "port": str(self.port),
+            "unix_socket_directories": str(self.dir),
+            **(settings or {}),
+        }
+        flags = " ".join(f"-c {k}={v}" for k, v in options.items())
+        subprocess.run(
+            [
+                *self._prefix,
+                f"{bindir}/pg_ctl",
+                "-D",
+                str(data),
+                "-l",
+                str(self.dir / "log"),
+                "-o",
+                flags,
+                "-w",
+                "start",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        self._shutil = shutil
+        self.server = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def close(self) -> None:
+        import subprocess
+
+        subprocess.run(
+            [
+                *self._prefix,
+                f"{self._bindir}/pg_ctl",
+                "-D",
+                str(self.dir / "data"),
+                "-m",
+                "fast",
+                "-w",
+                "stop",
+            ],
+            capture_output=True,
+        )
+        self._shutil.rmtree(self.dir, ignore_errors=True)

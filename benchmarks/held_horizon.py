@@ -61,7 +61,7 @@ def _kind(statement: str) -> str | None:
     """Which of the worker's statements this is: the claim, the look for expired leases."""
     head = statement.lstrip()[:400]
     if "AS MATERIALIZED" in head and "UPDATE scheduler_jobs" in statement:
-        return "claim"
+        return "cursor" if "p_after_id" in statement else "claim"
     if head.startswith("SELECT") and "scheduler_jobs.lease_expires_at <=" in statement:
         return "expired"
     return None
@@ -71,7 +71,7 @@ def _kind(statement: str) -> str | None:
 def _worker(url: str, concurrency: int, stop: Any, timings: Any, ready: Any) -> None:
     """The real worker loop; every second, the statement times it measured go to `timings`."""
     app = make_app(url)
-    times: dict[str, list[float]] = {"claim": [], "expired": []}
+    times: dict[str, list[float]] = {"claim": [], "cursor": [], "expired": []}
     lock = threading.Lock()
 
     def before(conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
@@ -106,21 +106,35 @@ def _worker(url: str, concurrency: int, stop: Any, timings: Any, ready: Any) -> 
 
 
 # -- the producer process -----------------------------------------------------------------------
-def _producer(url: str, rate: float, stop: Any, sent: Any, ready: Any) -> None:
-    """Enqueue at `rate` jobs a second, one enqueue() each, paced on a 50 ms grid."""
+def _producer(url: str, rate: float, threads: int, stop: Any, sent: Any, ready: Any) -> None:
+    """Enqueue at `rate` jobs a second, one enqueue() each, paced on a 50 ms grid, from
+    `threads` threads (an application's request handlers)."""
     app = make_app(url)
     app.check_schema()
     ready.put(None)
     began = time.monotonic()
-    done = 0
-    while not stop.is_set():
-        due = int((time.monotonic() - began) * rate)
-        while done < due and not stop.is_set():
+    lock = threading.Lock()
+    done = [0]
+
+    def enqueue() -> None:
+        while not stop.is_set():
+            with lock:
+                due = int((time.monotonic() - began) * rate)
+                mine = done[0] < due
+                if mine:
+                    done[0] += 1
+            if not mine:
+                time.sleep(0.05)
+                continue
             app.enqueue(HANDLER, {})
-            done += 1
             with sent.get_lock():
                 sent.value += 1
-        time.sleep(0.05)
+
+    workers = [threading.Thread(target=enqueue) for _ in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
     app.close()
 
 
@@ -171,7 +185,11 @@ def pct(values: list[float], q: float) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--pg", default=_bench.DEFAULT_PG, help="server URL to create the database")
+    p.add_argument(
+        "--pg",
+        help="a server to create the database on (default: a cluster of the script's own,"
+        " initdb'd on a free port with the defaults: autovacuum on)",
+    )
     p.add_argument("--url", help="use this database as it is (its jobs are deleted)")
     p.add_argument("--minutes", type=float, default=10.0, help="length of the run (default 10)")
     p.add_argument(
@@ -183,15 +201,36 @@ def main() -> None:
     p.add_argument("--fraction", type=float, default=0.6, help="of the measured maximum")
     p.add_argument("--max-jobs", type=int, default=20_000, help="jobs for the maximum")
     p.add_argument("--concurrency", type=int, default=4, help="the worker's threads")
+    p.add_argument("--producer-threads", type=int, default=2, help="the producer's threads")
     p.add_argument("--interval", type=float, default=10.0, help="seconds per line")
     p.add_argument("--keep", action="store_true", help="keep the database")
     args = p.parse_args()
+    cluster = None
+    if args.url is None and args.pg is None:
+        progress("starting a PostgreSQL cluster of our own (initdb)")
+        cluster = _bench.PgCluster()
+        args.pg = cluster.server
+    try:
+        run(args, cluster)
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
+def run(args: Any, cluster: Any) -> None:
     minutes = args.minutes
     if args.hold:
         hold_from, hold_to = (float(x) * 60 for x in args.hold.split(":"))
     else:
         hold_from, hold_to = minutes * 60 * 0.2, minutes * 60 * 0.8
     url = args.url or _bench.recreate_pg_database(args.pg, "bench_held_horizon")
+    with create_engine(url).connect() as conn:
+        autovacuum = conn.execute(text("SHOW autovacuum")).scalar()
+        version = conn.execute(text("SHOW server_version")).scalar()
+    args.server = (
+        f"PostgreSQL {version}, {'own cluster' if cluster else 'given server'},"
+        f" autovacuum {autovacuum}"
+    )
     load_before = _bench.load()
     maximum = None
     if args.rate:
@@ -213,7 +252,9 @@ def main() -> None:
     stop, ready, timings = ctx.Event(), ctx.Queue(), ctx.Queue()
     sent = ctx.Value("q", 0)
     worker = ctx.Process(target=_worker, args=(url, args.concurrency, stop, timings, ready))
-    producer = ctx.Process(target=_producer, args=(url, rate, stop, sent, ready))
+    producer = ctx.Process(
+        target=_producer, args=(url, rate, args.producer_threads, stop, sent, ready)
+    )
     worker.start()
     producer.start()
     for _ in range(2):
@@ -221,11 +262,11 @@ def main() -> None:
     began = time.monotonic()
     holder: Any = None
     lines: list[dict[str, Any]] = []
-    window: dict[str, list[float]] = {"claim": [], "expired": []}
+    window: dict[str, list[float]] = {"claim": [], "cursor": [], "expired": []}
     last_done, last_sent, next_line = 0, 0, began + args.interval
     header = (
         f"{'t s':>5} {'phase':>6} {'backlog':>8} {'in/s':>6} {'done/s':>7} {'claim p50':>9}"
-        f" {'p99 ms':>7} {'expired p99':>11} "
+        f" {'p99 ms':>7} {'expired p99':>11} {'cursor':>7} "
         + " ".join(f"{SHORT[t] + ' dead':>10}" for t in TABLES)
         + "  load"
     )
@@ -239,7 +280,7 @@ def main() -> None:
                 holder.execute(text(f"SET application_name = '{HOLDER_NAME}'"))
                 holder.execute(text("SELECT count(*) FROM scheduler_jobs"))  # the snapshot
                 progress(f"t={elapsed:.0f}s: horizon held (REPEATABLE READ, idle in transaction)")
-            if holder is not None and elapsed >= hold_to:
+            if holder and elapsed >= hold_to:
                 holder.rollback()
                 holder.close()
                 holder = False
@@ -267,6 +308,7 @@ def main() -> None:
                         ).all()
                     )
                 done, total_sent = int(counts.get("succeeded", 0)), int(sent.value)
+                claims = window["claim"] + window["cursor"]
                 seconds = args.interval
                 phase = (
                     "before" if elapsed < hold_from else "HELD" if elapsed < hold_to else "after"
@@ -277,24 +319,25 @@ def main() -> None:
                     "backlog": int(counts.get("queued", 0)),
                     "in": (total_sent - last_sent) / seconds,
                     "done": (done - last_done) / seconds,
-                    "claim50": pct(window["claim"], 0.5) * 1000,
-                    "claim99": pct(window["claim"], 0.99) * 1000,
+                    "claim50": pct(claims, 0.5) * 1000,
+                    "claim99": pct(claims, 0.99) * 1000,
+                    "cursor": len(window["cursor"]) / max(len(claims), 1),
                     "expired99": pct(window["expired"], 0.99) * 1000,
                     "dead": {t: int(dead.get(t, 0)) for t in TABLES},
                     "load": _bench.load(),
-                    "claims": len(window["claim"]),
+                    "claims": len(claims),
                 }
                 lines.append(line)
                 print(
                     f"{line['t']:>5} {phase:>6} {line['backlog']:>8,} {line['in']:>6.0f}"
                     f" {line['done']:>7.0f} {line['claim50']:>9.2f} {line['claim99']:>7.2f}"
-                    f" {line['expired99']:>11.2f} "
+                    f" {line['expired99']:>11.2f} {line['cursor']:>7.0%} "
                     + " ".join(f"{line['dead'][t]:>10,}" for t in TABLES)
                     + f"  {line['load']}",
                     flush=True,
                 )
                 last_done, last_sent = done, total_sent
-                window = {"claim": [], "expired": []}
+                window = {"claim": [], "cursor": [], "expired": []}
                 next_line += args.interval
                 if elapsed >= minutes * 60:
                     break
@@ -309,8 +352,17 @@ def main() -> None:
         if holder:
             holder.close()
         engine.dispose()
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        args.table_stats = conn.execute(
+            text(
+                "SELECT n_tup_upd, n_tup_hot_upd, autovacuum_count, vacuum_count"
+                " FROM pg_stat_user_tables WHERE relname = 'scheduler_jobs'"
+            )
+        ).one()
+    engine.dispose()
     summary(lines, rate, maximum, args, hold_from, hold_to, load_before)
-    if not args.url and not args.keep:
+    if not args.url and not args.keep and cluster is None:
         _bench.drop_pg_database(args.pg, "bench_held_horizon")
 
 
@@ -347,7 +399,7 @@ def summary(
         f"Held horizon: producer {rate:.0f} jobs/s"
         + (f" ({args.fraction:.0%} of one worker's {maximum:.0f}/s)" if maximum else "")
         + f", worker concurrency {args.concurrency}, {args.minutes:g} min, horizon held"
-        f" {hold_from / 60:g}-{hold_to / 60:g} min ({_bench.machine()};"
+        f" {hold_from / 60:g}-{hold_to / 60:g} min ({args.server}; {_bench.machine()};"
         f" load average {load_before} before, {_bench.load()} after)"
     )
     _bench.print_table(
@@ -371,6 +423,12 @@ def summary(
                 "normal within 1 minute of the release",
                 "never" if normal_after is None else f"after {normal_after:.0f} s",
                 "met" if normal_after is not None and normal_after <= 60 else "NOT met",
+            ],
+            [
+                "scheduler_jobs: HOT updates, autovacuum runs",
+                f"{args.table_stats[1]:,} HOT of {args.table_stats[0]:,} updates;"
+                f" autovacuum ran {args.table_stats[2]} time(s)",
+                "shown",
             ],
             [
                 "dead tuples, peak",

@@ -27,6 +27,7 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    tuple_,
     update,
 )
 from sqlalchemy.exc import IntegrityError
@@ -266,14 +267,22 @@ def get_job(conn: Connection, job_id: int) -> Job | None:
     return Job.from_row(row) if row is not None else None
 
 
-@functools.lru_cache(maxsize=16)
+#: Where a claim left off in the claim's order: (priority, run_at, id) of the last job it took.
+ClaimKey = tuple[int, datetime, int]
+
+
+@functools.lru_cache(maxsize=32)
 def _claim_statements(
-    skip_locked: bool, returning: bool, by_handler: str | None = None
+    skip_locked: bool, returning: bool, by_handler: str | None = None, after: bool = False
 ) -> tuple[Any, ...]:
     """The claim for one engine's capabilities: (statement) or (select, update, reselect).
 
     ``by_handler`` ``"in"`` / ``"not_in"``: only the jobs of the handlers ``p_handlers``, or
-    only the others' (the worker claims its async and its sync handlers' jobs apart)."""
+    only the others' (the worker claims its async and its sync handlers' jobs apart).
+    ``after``: only the jobs past ``(p_after_priority, p_after_at, p_after_id)`` in the
+    claim's order, a row comparison the ready index is range-scanned from (PostgreSQL): the
+    entries before it, left by jobs claimed since vacuum last ran, are not walked (see
+    :class:`~scheduler._store.cursor.ClaimCursor`)."""
     ready = (
         select(jobs.c.id)
         .where(
@@ -284,6 +293,15 @@ def _claim_statements(
         .order_by(jobs.c.priority, jobs.c.run_at, jobs.c.id)
         .limit(_P("p_limit", type_=Integer))
     )
+    if after:
+        ready = ready.where(
+            tuple_(jobs.c.priority, jobs.c.run_at, jobs.c.id)
+            > tuple_(
+                _P("p_after_priority", type_=jobs.c.priority.type),
+                _P("p_after_at", type_=jobs.c.run_at.type),
+                _P("p_after_id", type_=jobs.c.id.type),
+            )
+        )
     if by_handler is not None:
         names: BindParameter[Any] = _P("p_handlers", expanding=True)
         ready = ready.where(
@@ -333,12 +351,14 @@ def claim(
     queues: Sequence[str] = ("default",),
     handlers: Collection[str] = (),
     exclude: bool = False,
+    after: ClaimKey | None = None,
 ) -> list[Job]:
     """Move up to ``limit`` ready jobs ``queued -> claimed`` for ``owner`` (with ``handlers``:
-    only those handlers' jobs, or with ``exclude`` only the other handlers')."""
+    only those handlers' jobs, or with ``exclude`` only the other handlers'; with ``after``,
+    only those past that key in the claim's order)."""
     returning = store.caps.claim_returning
     by_handler = ("not_in" if exclude else "in") if handlers else None
-    statements = _claim_statements(store.caps.skip_locked, returning, by_handler)
+    statements = _claim_statements(store.caps.skip_locked, returning, by_handler, after is not None)
     params: dict[str, Any] = {
         "p_now": now,
         "p_queues": list(queues),
@@ -346,6 +366,8 @@ def claim(
         "p_owner": owner,
         "p_until": now + lease,
     }
+    if after is not None:
+        params.update(p_after_priority=after[0], p_after_at=after[1], p_after_id=after[2])
     if by_handler is not None:
         params["p_handlers"] = sorted(handlers)
     if returning:
