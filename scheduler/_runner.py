@@ -157,6 +157,8 @@ class Runner:
     # -- acquiring work ---------------------------------------------------------------
     def take_over(self, limit: int = 10) -> list[Job]:
         """Deal with expired leases; return the jobs this runner should now run again."""
+        if not self.cursor.expired_due():  # slow scans: once a second (_store/cursor.py)
+            return []
         now = self.clock()
         with self.store.read() as conn:
             stale = _jobs.expired(conn, now=now, limit=limit, queues=self.queues)

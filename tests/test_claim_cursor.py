@@ -80,6 +80,19 @@ def test_the_cursor_starts_after_slow_sweeps_and_ends_with_a_fast_one() -> None:
     assert seen[-1] is None
 
 
+def test_while_the_cursor_is_on_expired_leases_are_looked_for_once_a_second() -> None:
+    clock = Clock(step=_cursor.SLOW_SECONDS * 2)
+    cursor = _cursor.ClaimCursor(enabled=True, clock=clock)
+    assert cursor.expired_due() and cursor.expired_due()  # normally: every time
+    for i in range(_cursor.SLOW_SWEEPS):
+        cursor.claim((), False, lambda after, i=i: [job(i + 1)])
+    assert cursor.active
+    clock.now += _cursor.SWEEP_SECONDS
+    assert cursor.expired_due() and not cursor.expired_due()
+    clock.now += _cursor.SWEEP_SECONDS
+    assert cursor.expired_due()
+
+
 def test_each_kind_of_claim_has_its_own_cursor() -> None:
     """The async handlers' claim and the others' see different jobs: one's cursor would pass
     over the other's jobs."""

@@ -17,7 +17,8 @@ comparison the index is range-scanned from: ``ClaimKey``), and only one claim ev
 ``SWEEP_SECONDS`` is a sweep again, which also finds what a cursor passes over: a job made
 ready behind it (a higher priority, an older ``run_at`` committed late, a row another claimer
 had locked). A sweep as fast as normal ends it. So a job behind the cursor waits at most
-``SWEEP_SECONDS`` longer, and only while sweeping is slow.
+``SWEEP_SECONDS`` longer, and only while sweeping is slow. Meanwhile the look for expired
+leases, which walks the lease index's dead entries alike, runs once every ``SWEEP_SECONDS``.
 
 PostgreSQL only (its dead versions are what piles up), and a claim of one queue only: the
 index is ordered within a queue, so one cursor across queues would pass over the other
@@ -56,6 +57,7 @@ class ClaimCursor:
     enabled: bool
     clock: Callable[[], float] = time.monotonic
     _variants: dict[tuple[tuple[str, ...], bool], _Variant] = field(default_factory=dict)
+    _expired_at: float = float("-inf")
 
     def claim(
         self,
@@ -82,6 +84,16 @@ class ClaimCursor:
             last = found[-1]  # over (a sweep finds those)
             variant.key = (last.priority, last.run_at, last.id)
         return found
+
+    def expired_due(self) -> bool:
+        """Whether to look for expired leases now: always, but while claims go on from a
+        cursor at most once every ``SWEEP_SECONDS`` (that scan walks the lease index's dead
+        entries the same way, and a lease runs for tens of seconds)."""
+        now = self.clock()
+        if self.active and now - self._expired_at < SWEEP_SECONDS:
+            return False
+        self._expired_at = now
+        return True
 
     @property
     def active(self) -> bool:
