@@ -176,6 +176,22 @@ def vacuum(url: str) -> None:
 
 
 # -- the run ------------------------------------------------------------------------------------
+def top_statements(engine: Any, phase: str) -> None:
+    """The statements that took the most server time since the last call (then reset)."""
+    with engine.connect() as conn:
+        found = conn.execute(
+            text(
+                "SELECT calls, total_exec_time, mean_exec_time, shared_blks_hit,"
+                " regexp_replace(left(query, 110), '\\s+', ' ', 'g')"
+                " FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 8"
+            )
+        ).all()
+        conn.execute(text("SELECT pg_stat_statements_reset()"))
+    print(f"-- server time, {phase}: calls, total ms, mean ms, buffers/call, statement")
+    for calls, total, mean, hits, query in found:
+        print(f"   {calls:>8,} {total:>10,.0f} {mean:>8.2f} {hits / max(calls, 1):>8.0f}  {query}")
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -204,11 +220,19 @@ def main() -> None:
     p.add_argument("--producer-threads", type=int, default=2, help="the producer's threads")
     p.add_argument("--interval", type=float, default=10.0, help="seconds per line")
     p.add_argument("--keep", action="store_true", help="keep the database")
+    p.add_argument(
+        "--statements",
+        action="store_true",
+        help="own cluster: load pg_stat_statements, print the costliest statements of the"
+        " time before the hold, the hold, and after it",
+    )
     args = p.parse_args()
     cluster = None
     if args.url is None and args.pg is None:
         progress("starting a PostgreSQL cluster of our own (initdb)")
-        cluster = _bench.PgCluster()
+        cluster = _bench.PgCluster(
+            {"shared_preload_libraries": "pg_stat_statements"} if args.statements else None
+        )
         args.pg = cluster.server
     try:
         run(args, cluster)
@@ -261,6 +285,11 @@ def run(args: Any, cluster: Any) -> None:
         ready.get(timeout=120)
     began = time.monotonic()
     holder: Any = None
+    shown_after = False
+    if args.statements:
+        with engine.connect() as conn:
+            conn.execute(text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
+            conn.execute(text("SELECT pg_stat_statements_reset()"))
     lines: list[dict[str, Any]] = []
     window: dict[str, list[float]] = {"claim": [], "cursor": [], "expired": []}
     last_done, last_sent, next_line = 0, 0, began + args.interval
@@ -275,12 +304,20 @@ def run(args: Any, cluster: Any) -> None:
         while True:
             now = time.monotonic()
             elapsed = now - began
+            if args.statements and holder is None and hold_from <= elapsed:
+                top_statements(engine, "before the hold")
+            if args.statements and holder is not None and not holder and not shown_after:
+                if elapsed >= min(hold_to + 60, minutes * 60 - 1):
+                    top_statements(engine, "the minute after the hold")
+                    shown_after = True
             if holder is None and hold_from <= elapsed < hold_to:
                 holder = engine.connect().execution_options(isolation_level="REPEATABLE READ")
                 holder.execute(text(f"SET application_name = '{HOLDER_NAME}'"))
                 holder.execute(text("SELECT count(*) FROM scheduler_jobs"))  # the snapshot
                 progress(f"t={elapsed:.0f}s: horizon held (REPEATABLE READ, idle in transaction)")
             if holder and elapsed >= hold_to:
+                if args.statements:
+                    top_statements(engine, "the hold")
                 holder.rollback()
                 holder.close()
                 holder = False
