@@ -114,10 +114,10 @@ def test_disabled_it_always_sweeps() -> None:
     assert seen == [None] * 10 and not cursor.active
 
 
-def slow_runner(app: Scheduler) -> Clock:
-    """Make the app's runner believe every sweep is slow (its cursor's clock)."""
+def slow_runner(runner: Any) -> Clock:
+    """Make `runner` believe every sweep is slow (its cursor's clock)."""
     clock = Clock(step=_cursor.SLOW_SECONDS * 2)
-    app.runner().cursor.clock = clock
+    runner.cursor.clock = clock
     return clock
 
 
@@ -226,7 +226,7 @@ def test_under_a_held_horizon_the_dead_rows_stay_and_the_cursor_claim_skips_them
     app.registry.handler("h", retry_safe=True)(lambda job: None)
     try:
         runner = app.runner()
-        slow_runner(app)
+        slow_runner(runner)
         done = 0
         began = time.monotonic()
         while time.monotonic() - began < HOLD_SECONDS:

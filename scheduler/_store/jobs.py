@@ -24,6 +24,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     delete,
+    false,
     func,
     insert,
     select,
@@ -196,11 +197,17 @@ _INSERT_JOB = insert(jobs)
 _INSERT_RUNS = insert(runs)
 _BY_ID = select(jobs).where(jobs.c.id == _P("p_id"))
 _BY_KEY = select(jobs.c.id).where(jobs.c.dedupe_key == _P("p_key"))
-# The guard of every transition after a claim: same owner, unexpired lease.
+# The guard of every transition after a claim: same owner, unexpired lease. Its state and
+# lease are written so that no index can serve them (COALESCE of a column that is never
+# NULL here, of a comparison that is false for NULL): the statements it guards choose their
+# jobs by id, and PostgreSQL, which has no index hints (by_id is MariaDB's), took the lease
+# index (state = 'claimed' AND lease_expires_at > now) instead of the primary key. That
+# range holds an entry per claim made within a lease, dead ones included: while a
+# transaction held the MVCC horizon, each outcome and heartbeat walked thousands (issue 25).
 _HELD = and_(
-    jobs.c.state == CLAIMED,
+    func.coalesce(jobs.c.state, "") == CLAIMED,
     jobs.c.lease_owner == _P("p_owner"),
-    jobs.c.lease_expires_at > _P("p_now"),
+    func.coalesce(jobs.c.lease_expires_at > _P("p_now"), false()),
 )
 _IDS: BindParameter[Any] = _P("p_ids", expanding=True)
 _EXTEND = by_id(
