@@ -258,3 +258,53 @@ def test_under_a_held_horizon_the_dead_rows_stay_and_the_cursor_claim_skips_them
         assert swept > 20 * from_cursor, (swept, from_cursor)  # the dead entries, walked
     finally:
         app.close()
+
+
+def _plan(app: Scheduler, statement: Any, params: dict[str, Any]) -> dict[str, Any]:
+    with app.store.engine.connect() as conn:
+        expanded = statement.compile(dialect=conn.dialect).construct_expanded_state(params)
+        values = {
+            k: (v.replace(tzinfo=None) if isinstance(v, datetime) else v)
+            for k, v in expanded.parameters.items()
+        }
+        sql = f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {expanded.statement}"
+        [[found]] = conn.exec_driver_sql(sql, values).all()
+        conn.rollback()
+    return dict((json.loads(found) if isinstance(found, str) else found)[0]["Plan"])
+
+
+def test_outcomes_and_heartbeats_go_by_the_primary_key_past_held_claims(
+    pg_url: str, held: Any
+) -> None:
+    """1,000 jobs claimed and finished behind a held horizon leave 1,000 dead entries in the
+    lease index's unexpired range; the outcome and the heartbeat of 4 jobs read them by id
+    (PostgreSQL chose the lease index for them, and walked every entry)."""
+    app = Scheduler(pg_url, registry=Registry())
+    app.registry.handler("h", retry_safe=True)(lambda job: None)
+    try:
+        runner = app.runner()
+        for _ in range(10):
+            with app.store.begin() as conn:
+                now = datetime.now(UTC)
+                conn.execute(
+                    insert(jobs),
+                    [_jobs.new_job_values(handler="h", payload="{}", now=now) for _ in range(100)],
+                )
+            while claimed := runner.claim(25):
+                runner.record([runner.execute(j) for j in claimed])
+        with app.store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text("ANALYZE scheduler_jobs"))
+        app.enqueue("h", {})
+        ids = [j.id for j in runner.claim(4)]
+        now = datetime.now(UTC)
+        guard = {"p_ids": ids, "p_owner": runner.owner, "p_now": now}
+        for statement, params in (
+            (_jobs._SUCCEED_MANY, guard),
+            (_jobs._EXTEND, {**guard, "p_until": now + timedelta(minutes=1)}),
+        ):
+            plan = _plan(app, statement, params)
+            [scan] = plan["Plans"]
+            assert scan.get("Index Name") == "scheduler_jobs_pkey", scan
+            assert scan["Shared Hit Blocks"] + scan.get("Shared Read Blocks", 0) < 50, scan
+    finally:
+        app.close()

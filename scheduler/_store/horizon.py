@@ -143,7 +143,7 @@ def warnings(found: list[Holder], threshold: float) -> list[str]:
         return []
     return [
         f"a transaction has held the MVCC horizon for more than {threshold:g}s, so vacuum"
-        f" cannot remove the queue's dead rows and claims slow down: {h.describe()};"
-        " end it (pg_terminate_backend, or COMMIT/ROLLBACK PREPARED for a prepared one)"
+        f" cannot remove dead rows: {h.describe()}; end it (pg_terminate_backend, or"
+        " COMMIT/ROLLBACK PREPARED for a prepared one)"
         for h in old
     ]
