@@ -19,8 +19,12 @@ expired leases likewise), the dead tuples of each scheduler table (``pg_stat_use
 the hold >= 90 % of the producer's rate, claim p99 during the hold <= 5x its value before,
 and normal again within one minute of the release.
 
-PostgreSQL only. The database ``bench_held_horizon`` (plus ``$SCHEDULER_BENCH_SUFFIX``) is
-created and dropped here, unless ``--url`` names one to use as it is (its jobs are deleted).
+PostgreSQL only. By default on a cluster of the script's own (``initdb`` on a free port, the
+server's defaults: autovacuum on, which the vacuum side of this needs), removed at the end;
+``--pg URL`` creates the database ``bench_held_horizon`` (plus ``$SCHEDULER_BENCH_SUFFIX``) on
+that server instead, ``--url`` uses a database as it is (its jobs are deleted).
+``--statements`` (own cluster) loads ``pg_stat_statements`` and prints the costliest
+statements of the time before the hold, the hold, and the minute after it.
 """
 
 from __future__ import annotations
