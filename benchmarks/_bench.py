@@ -384,9 +384,15 @@ class PgBouncer:
         for f in self.dir.iterdir():
             f.chmod(0o644)
         command = [found, str(self.dir / "pgbouncer.ini")]
-        if os.geteuid() == 0:  # it refuses to run as root
+        if os.geteuid() == 0:  # it refuses to run as root; its log goes in the folder
+            import pwd
+
+            owner = pwd.getpwnam("postgres")
+            os.chown(self.dir, owner.pw_uid, owner.pw_gid)
             command[1:1] = ["-u", "postgres"]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         deadline = time.monotonic() + 10
         while True:
             try:
