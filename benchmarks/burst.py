@@ -17,7 +17,6 @@ created and dropped here; SQLite files live in a temporary folder.
 
 from __future__ import annotations
 
-import os
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -99,8 +98,9 @@ def load(url: str, n: int, due: datetime, cron: str = CRON) -> None:
         app.close()
 
 
-def reset(url: str, due: datetime) -> None:
-    """Every row due again at `due`, no jobs; dead rows vacuumed (PostgreSQL)."""
+def reset(url: str, due: datetime, vacuum: bool = True) -> None:
+    """Every row due again at `due`, no jobs; dead rows vacuumed (PostgreSQL) unless not
+    `vacuum`."""
     app = make_app(url)
     try:
         with app.store.begin() as conn:
@@ -108,7 +108,7 @@ def reset(url: str, due: datetime) -> None:
             conn.execute(delete(jobs))
             conn.execute(update(rows).values(next_run_at=due, version=1, consecutive_failures=0))
         engine = app.store.engine
-        if engine.dialect.name == "postgresql" and not os.environ.get("BURST_NO_VACUUM"):
+        if engine.dialect.name == "postgresql" and vacuum:
             with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 conn.execute(text("VACUUM ANALYZE scheduler_rows"))  # not in a transaction
                 conn.execute(text("VACUUM ANALYZE scheduler_jobs"))
@@ -265,6 +265,11 @@ def main() -> None:
     p.add_argument(
         "--pool-size", type=int, default=20, help="the pooler's default_pool_size (default 20)"
     )
+    p.add_argument(
+        "--no-vacuum",
+        action="store_true",
+        help="PostgreSQL: no VACUUM ANALYZE after each reset (the reset's dead rows stay)",
+    )
     args = p.parse_args()
     n = args.rows
     due, now = top_of_the_hour()
@@ -319,7 +324,7 @@ def main() -> None:
         cells: dict[int, list[dict[str, Any]]] = {w: [] for w in worker_counts}
         for rep in range(args.reps):
             for workers in worker_counts:  # interleaved: load elsewhere lands on both
-                reset(direct, due)
+                reset(direct, due, vacuum=not args.no_vacuum)
                 progress(f"{db}: {workers} process(es) ticking, rep {rep + 1}")
                 result = run_ticks(url, now, workers, args.loop)
                 result["check"] = check(direct, n, due)
