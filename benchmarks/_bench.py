@@ -409,9 +409,12 @@ class PgBouncer:
         return through.render_as_string(hide_password=False)
 
     def close(self) -> None:
+        import shutil
+
         if self.process.poll() is None:
             self.process.terminate()
             self.process.wait(timeout=10)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # -- a PostgreSQL cluster of the script's own ----------------------------------------------------
