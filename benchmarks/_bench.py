@@ -341,3 +341,169 @@ def machine() -> str:
         f"{os.cpu_count()} CPUs ({cpu}), {ram} RAM, Python {platform.python_version()},"
         f" SQLite {sqlite3.sqlite_version}, scheduler {source_version()}"
     )
+
+
+# -- a transaction pooler -----------------------------------------------------------------------
+class PgBouncer:
+    """Debian's ``pgbouncer`` in transaction mode on a free port, in front of ``server``'s
+    PostgreSQL (trust authentication, as the local server here): started by the script, ended
+    by it (its own process id). ``url(database)`` is the URL through it."""
+
+    def __init__(self, server: str, pool_size: int = 20, binary: str = "/usr/sbin/pgbouncer"):
+        import shutil
+        import socket
+        import subprocess
+
+        found = shutil.which("pgbouncer") or binary
+        if not Path(found).exists():
+            raise RuntimeError("pgbouncer is not installed (Debian: apt-get install pgbouncer)")
+        target = make_url(server)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.server = target
+        self.dir = Path(tempfile.mkdtemp(prefix="scheduler-bench-pgbouncer-"))
+        self.dir.chmod(0o755)
+        user = target.username or "postgres"
+        (self.dir / "userlist.txt").write_text(f'"{user}" ""\n')
+        (self.dir / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"* = host={target.host or '127.0.0.1'} port={target.port or 5432}\n"
+            "[pgbouncer]\n"
+            "listen_addr = 127.0.0.1\n"
+            f"listen_port = {self.port}\n"
+            "unix_socket_dir =\n"
+            "auth_type = trust\n"
+            f"auth_file = {self.dir / 'userlist.txt'}\n"
+            "pool_mode = transaction\n"
+            f"default_pool_size = {pool_size}\n"
+            "max_client_conn = 1000\n"
+            f"logfile = {self.dir / 'pgbouncer.log'}\n"
+            "ignore_startup_parameters = extra_float_digits,options\n"
+        )
+        for f in self.dir.iterdir():
+            f.chmod(0o644)
+        command = [found, str(self.dir / "pgbouncer.ini")]
+        if os.geteuid() == 0:  # it refuses to run as root; its log goes in the folder
+            import pwd
+
+            owner = pwd.getpwnam("postgres")
+            os.chown(self.dir, owner.pw_uid, owner.pw_gid)
+            command[1:1] = ["-u", "postgres"]
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.close()
+                    raise RuntimeError(f"pgbouncer did not start: see {self.dir}") from None
+                time.sleep(0.1)
+
+    def url(self, database: str) -> str:
+        through = self.server.set(host="127.0.0.1", port=self.port, database=database)
+        return through.render_as_string(hide_password=False)
+
+    def close(self) -> None:
+        import shutil
+
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# -- a PostgreSQL cluster of the script's own ----------------------------------------------------
+class PgCluster:
+    """A PostgreSQL cluster made with ``initdb`` in a temporary folder and started on a free
+    port with the server's defaults (autovacuum on), for a benchmark that must see what a
+    production server does (the shared test server may run with autovacuum off). Run as the
+    ``postgres`` user when started as root; stopped (``pg_ctl stop -m fast``) and removed by
+    :meth:`close`. ``settings``: extra ``-c name=value`` for the server."""
+
+    def __init__(
+        self,
+        settings: dict[str, str] | None = None,
+        bindir: str = "/usr/lib/postgresql/15/bin",
+    ) -> None:
+        import pwd
+        import shutil
+        import socket
+        import subprocess
+
+        if not Path(bindir, "initdb").exists():
+            raise RuntimeError(f"no PostgreSQL binaries in {bindir}")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.dir = Path(tempfile.mkdtemp(prefix="scheduler-bench-pg-"))
+        self._bindir = bindir
+        self._prefix: list[str] = []
+        if os.geteuid() == 0:  # the server refuses to run as root
+            owner = pwd.getpwnam("postgres")
+            os.chown(self.dir, owner.pw_uid, owner.pw_gid)
+            self._prefix = ["runuser", "-u", "postgres", "--"]
+        data = self.dir / "data"
+        subprocess.run(
+            [
+                *self._prefix,
+                f"{bindir}/initdb",
+                "-D",
+                str(data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--no-sync",
+                "-E",
+                "UTF8",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        options = {
+            "listen_addresses": "127.0.0.1",
+            "port": str(self.port),
+            "unix_socket_directories": str(self.dir),
+            **(settings or {}),
+        }
+        flags = " ".join(f"-c {k}={v}" for k, v in options.items())
+        subprocess.run(
+            [
+                *self._prefix,
+                f"{bindir}/pg_ctl",
+                "-D",
+                str(data),
+                "-l",
+                str(self.dir / "log"),
+                "-o",
+                flags,
+                "-w",
+                "start",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        self._shutil = shutil
+        self.server = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def close(self) -> None:
+        import subprocess
+
+        subprocess.run(
+            [
+                *self._prefix,
+                f"{self._bindir}/pg_ctl",
+                "-D",
+                str(self.dir / "data"),
+                "-m",
+                "fast",
+                "-w",
+                "stop",
+            ],
+            capture_output=True,
+        )
+        self._shutil.rmtree(self.dir, ignore_errors=True)

@@ -24,8 +24,10 @@ from typing import Any
 import _bench
 from _bench import fmt, median, progress
 from sqlalchemy import delete, event, func, insert, select, text, update
+from sqlalchemy.engine import make_url
 
 from scheduler import Scheduler
+from scheduler._store.engine import make_engine
 
 try:
     from scheduler._store.tables import jobs, rows
@@ -45,12 +47,26 @@ def top_of_the_hour() -> tuple[datetime, datetime]:
 
 
 def make_app(url: str) -> Scheduler:
-    app = Scheduler(url)
+    """A Scheduler on `url`; a URL of the pooler this script starts (``POOLED`` in its query)
+    gets no server-side prepared statements (``prepare_threshold=None``), as a transaction
+    pooler needs."""
+    if POOLED in url:
+        plain = url.replace("?" + POOLED, "")
+        engine = make_engine(
+            plain,
+            connect_args={"prepare_threshold": None, "application_name": "scheduler-burst"},
+        )
+        app = Scheduler(engine=engine)
+    else:
+        app = Scheduler(url)
     app.handler(HANDLER, retry_safe=True)(_bench.noop)
     return app
 
 
-def load(url: str, n: int, due: datetime) -> None:
+POOLED = "bench_pooled=1"  # marks a URL of the pooler (removed before connecting)
+
+
+def load(url: str, n: int, due: datetime, cron: str = CRON) -> None:
     app = make_app(url)
     try:
         app.migrate()
@@ -65,7 +81,7 @@ def load(url: str, n: int, due: datetime) -> None:
                             "name": f"customer-{i:07d}",
                             "handler": HANDLER,
                             "payload": "{}",
-                            "cron": CRON,
+                            "cron": cron,
                             "timezone": "UTC",
                             "concurrent": False,
                             "enabled": True,
@@ -82,8 +98,9 @@ def load(url: str, n: int, due: datetime) -> None:
         app.close()
 
 
-def reset(url: str, due: datetime) -> None:
-    """Every row due again at `due`, no jobs; dead rows vacuumed (PostgreSQL)."""
+def reset(url: str, due: datetime, vacuum: bool = True) -> None:
+    """Every row due again at `due`, no jobs; dead rows vacuumed (PostgreSQL) unless not
+    `vacuum`."""
     app = make_app(url)
     try:
         with app.store.begin() as conn:
@@ -91,7 +108,7 @@ def reset(url: str, due: datetime) -> None:
             conn.execute(delete(jobs))
             conn.execute(update(rows).values(next_run_at=due, version=1, consecutive_failures=0))
         engine = app.store.engine
-        if engine.dialect.name == "postgresql":
+        if engine.dialect.name == "postgresql" and vacuum:
             with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 conn.execute(text("VACUUM ANALYZE scheduler_rows"))  # not in a transaction
                 conn.execute(text("VACUUM ANALYZE scheduler_jobs"))
@@ -124,7 +141,7 @@ def check(url: str, n: int, due: datetime) -> tuple[int, int, int]:
 
 
 # -- one ticking process ------------------------------------------------------------------------
-def _ticker(url: str, now: datetime, ready: Any, start: Any, results: Any) -> None:
+def _ticker(url: str, now: datetime, loop: bool, ready: Any, start: Any, results: Any) -> None:
     try:
         app = make_app(url)
         app.tick(now=now - timedelta(days=1))  # warm-up: connections, caches; nothing is due
@@ -139,13 +156,22 @@ def _ticker(url: str, now: datetime, ready: Any, start: Any, results: Any) -> No
         ready.put(None)
         start.wait()
         began, cpu = time.monotonic(), time.process_time()
-        report = app.tick(now=now)
+        dispatched = lost = held = ticks = 0
+        while True:  # --loop: until a tick finds nothing (the clock's now); else one tick
+            report = app.tick() if loop else app.tick(now=now)
+            ticks += 1
+            dispatched += len(report.dispatched)
+            lost += len(report.lost_race)
+            held += len(report.held_back)
+            if not loop or not report:
+                break
         finished = time.monotonic()
         results.put(
             {
-                "dispatched": len(report.dispatched),
-                "lost": len(report.lost_race),
-                "held": len(report.held_back),
+                "dispatched": dispatched,
+                "lost": lost,
+                "held": held,
+                "ticks": ticks,
                 "dispatch": counts["dispatch"],
                 "statements": counts["statements"],
                 "began": began,
@@ -160,10 +186,10 @@ def _ticker(url: str, now: datetime, ready: Any, start: Any, results: Any) -> No
         results.put({"error": f"{type(exc).__name__}: {exc}"})
 
 
-def run_ticks(url: str, now: datetime, processes: int) -> dict[str, Any]:
+def run_ticks(url: str, now: datetime, processes: int, loop: bool = False) -> dict[str, Any]:
     """`processes` fresh processes each run one tick, started together; the wall time from
     the common start to the last finish, and the summed counts."""
-    procs, results, began = _bench.start_together(_ticker, (url, now), processes, "ticking")
+    procs, results, began = _bench.start_together(_ticker, (url, now, loop), processes, "ticking")
     found = [results.get(timeout=3600) for _ in procs]
     for p in procs:
         p.join()
@@ -219,17 +245,64 @@ def main() -> None:
         default=0,
         help="APScheduler's burst size, if not --rows (it dispatches 5-10x slower than ours)",
     )
+    p.add_argument(
+        "--loop",
+        action="store_true",
+        help="each process calls app.tick() (the clock's now) until a tick finds nothing,"
+        " instead of one tick (issue 25); the rows' schedule is then yearly, due a minute ago",
+    )
+    p.add_argument(
+        "--url",
+        help="PostgreSQL database to use as it is (its scheduler tables are emptied), instead of"
+        " creating bench_burst_ours from --pg",
+    )
+    p.add_argument(
+        "--pooler",
+        action="store_true",
+        help="also run the PostgreSQL cases through a pgbouncer (transaction mode) this script"
+        " starts on a free port",
+    )
+    p.add_argument(
+        "--pool-size", type=int, default=20, help="the pooler's default_pool_size (default 20)"
+    )
+    p.add_argument(
+        "--no-vacuum",
+        action="store_true",
+        help="PostgreSQL: no VACUUM ANALYZE after each reset (the reset's dead rows stay)",
+    )
     args = p.parse_args()
     n = args.rows
     due, now = top_of_the_hour()
+    cron = CRON
+    if args.loop:
+        cron = "0 0 1 1 *"  # no slot passes during the run: every dispatch is a fresh one
+        now = datetime.now(UTC).replace(microsecond=0)
+        due = now - timedelta(minutes=1)
     scratch = _bench.scratch_dir()
     load_before = _bench.load()
     table: list[list[Any]] = []
     dbs: list[tuple[str, str, str, list[int]]] = []
+    bouncer: _bench.PgBouncer | None = None
     if not args.no_pg:
-        ours = _bench.recreate_pg_database(args.pg, "bench_burst_ours")
-        aps = _bench.recreate_pg_database(args.pg, "bench_burst_aps")
+        if args.url:
+            ours = args.url
+            args.no_aps = True
+        else:
+            ours = _bench.recreate_pg_database(args.pg, "bench_burst_ours")
+        aps = "" if args.no_aps else _bench.recreate_pg_database(args.pg, "bench_burst_aps")
         dbs.append(("PostgreSQL", ours, aps, [1, args.workers]))
+        if args.pooler:
+            bouncer = _bench.PgBouncer(ours, pool_size=args.pool_size)
+            database = make_url(ours).database or ""
+            through = bouncer.url(database) + "?" + POOLED
+            dbs.append(
+                (
+                    f"PostgreSQL via pgbouncer (pool {args.pool_size})",
+                    through,
+                    "",
+                    [1, args.workers],
+                )
+            )
     if not args.no_sqlite:
         dbs.append(
             (
@@ -246,14 +319,15 @@ def main() -> None:
 
     for db, url, aps_url, worker_counts in dbs:
         progress(f"{db}: loading {n:,} rows due at {due:%H:%M}")
-        load(url, n, due)
+        direct = ours if POOLED in url else url  # set-up and checks go straight to the server
+        load(direct, n, due, cron)
         cells: dict[int, list[dict[str, Any]]] = {w: [] for w in worker_counts}
         for rep in range(args.reps):
             for workers in worker_counts:  # interleaved: load elsewhere lands on both
-                reset(url, due)
+                reset(direct, due, vacuum=not args.no_vacuum)
                 progress(f"{db}: {workers} process(es) ticking, rep {rep + 1}")
-                result = run_ticks(url, now, workers)
-                result["check"] = check(url, n, due)
+                result = run_ticks(url, now, workers, args.loop)
+                result["check"] = check(direct, n, due)
                 cells[workers].append(result)
         for workers, results in cells.items():
             seconds = median([r["seconds"] for r in results])
@@ -279,7 +353,7 @@ def main() -> None:
                     f"{seconds / base:.2f}x" + (" (<=1.10x)" if workers > 1 else ""),
                 ]
             )
-        if not args.no_aps:
+        if not args.no_aps and aps_url:
             aps_n = args.aps_rows or n
             progress(f"{db}: APScheduler, {aps_n:,} jobs")
             result = aps_burst(aps_url, aps_n, due)
@@ -300,8 +374,11 @@ def main() -> None:
                     "-",
                 ]
             )
-    if not args.no_pg:
+    if bouncer is not None:
+        bouncer.close()
+    if not args.no_pg and not args.url:
         _bench.drop_pg_database(args.pg, "bench_burst_ours")
+    if not args.no_pg and aps:
         _bench.drop_pg_database(args.pg, "bench_burst_aps")
     _bench.print_table(
         f"Burst: {n:,} rows due at the same instant, median of {args.reps}"

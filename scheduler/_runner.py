@@ -31,6 +31,7 @@ from ._handlers import Handler, Registry, error_code, is_async_callable
 from ._retry import retry
 from ._store import Store
 from ._store import jobs as _jobs
+from ._store.cursor import ClaimCursor
 from ._store.jobs import ABORTED, QUEUED, SUCCEEDED, Job
 from ._store.tables import runs
 
@@ -155,10 +156,13 @@ class Runner:
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
         self.queues = queues
+        self.cursor = ClaimCursor(enabled=store.caps.dialect == "postgresql" and len(queues) == 1)
 
     # -- acquiring work ---------------------------------------------------------------
     def take_over(self, limit: int = 10) -> list[Job]:
         """Deal with expired leases; return the jobs this runner should now run again."""
+        if not self.cursor.expired_due():  # slow scans: once a second (_store/cursor.py)
+            return []
         now = self.clock()
         with self.store.read() as conn:
             stale = _jobs.expired(conn, now=now, limit=limit, queues=self.queues)
@@ -220,7 +224,7 @@ class Runner:
         claims nothing this time (the transaction was rolled back whole)."""
         now = self.clock()
 
-        def attempt() -> list[Job]:
+        def attempt(after: _jobs.ClaimKey | None) -> list[Job]:
             with self.store.begin() as conn:
                 return _jobs.claim(
                     self.store,
@@ -232,9 +236,14 @@ class Runner:
                     queues=self.queues,
                     handlers=handlers,
                     exclude=exclude,
+                    after=after,
                 )
 
-        return retry("claim", attempt, lost=list)
+        # From where the last claim left off while claims from the front are slow (a held
+        # MVCC horizon: _store/cursor.py).
+        return self.cursor.claim(
+            handlers, exclude, lambda after: retry("claim", lambda: attempt(after), lost=list)
+        )
 
     def extend(self, job_ids: list[int]) -> int:
         """Renew the leases this runner holds on ``job_ids``; returns how many it still holds."""

@@ -15,7 +15,9 @@ Two kinds of figures:
 * **the database's state**, read by :class:`DatabaseCollector` at most once every
   ``[metrics] cache_seconds`` in **one** statement, whatever the scrape rate: jobs by state and
   queue, tasks enabled and disabled, each task's last success and consecutive failures, the
-  workers alive.
+  workers alive; on PostgreSQL also the dead row versions of each scheduler table and the age
+  of the oldest transaction holding the MVCC horizon (catalog reads in the same statement,
+  ``_store/horizon.py``).
 
 Label values are bounded: handler, queue, task, worker ids, states and decisions; never a job
 id or a payload.
@@ -61,6 +63,7 @@ from sqlalchemy import (
     union_all,
 )
 
+from ._store import horizon as _horizon
 from ._store.jobs import QUEUED, STATES, SUCCEEDED, Job
 from ._store.tables import UTCDateTime, jobs, rows, workers
 
@@ -102,7 +105,7 @@ LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
-def _state_statement(now: datetime) -> Any:
+def _state_statement(now: datetime, postgresql: bool = False) -> Any:
     """Every figure the gauges need, in one statement: (kind, a, b, n, at) rows."""
 
     def kind(name: str) -> Any:
@@ -140,6 +143,20 @@ def _state_statement(now: datetime) -> Any:
             last_success,
         ),
         select(kind("worker"), text(workers.c.id), no_text, no_number, workers.c.last_seen_at),
+        *_vacuum_selects(kind, text, no_text) if postgresql else (),
+    )
+
+
+def _vacuum_selects(kind: Any, text: Any, no_text: Any) -> tuple[Any, ...]:
+    """PostgreSQL: each scheduler table's dead row versions, and the age of the oldest
+    transaction holding the MVCC horizon (``_store/horizon.py``), as rows of the same union."""
+    dead = _horizon.DEAD_TUPLES.subquery()
+    no_time = type_coerce(null(), UTCDateTime)
+    return (
+        select(
+            kind("dead"), text(dead.c.relname), no_text, cast(dead.c.n_dead_tup, Float), no_time
+        ),
+        select(kind("horizon"), no_text, no_text, cast(_horizon.OLDEST_AGE, Float), no_time),
     )
 
 
@@ -243,6 +260,24 @@ class RunTimes(Collector):
         yield waited
 
 
+def _vacuum_metrics(dead: dict[str, int], age: float) -> Iterator[Metric]:
+    tuples = GaugeMetricFamily(
+        "scheduler_table_dead_tuples",
+        "Dead row versions waiting for vacuum in each scheduler table (PostgreSQL,"
+        " pg_stat_user_tables.n_dead_tup).",
+        labels=["table"],
+    )
+    for table in _horizon.TABLES:
+        tuples.add_metric([table], float(dead.get(table, 0)))
+    yield tuples
+    yield GaugeMetricFamily(
+        "scheduler_oldest_transaction_age_seconds",
+        "Age of the oldest transaction on this database that holds the MVCC horizon (PostgreSQL;"
+        " a prepared transaction counts from its PREPARE); 0 when none does.",
+        value=age,
+    )
+
+
 class DatabaseCollector(Collector):
     """The gauges read from the database, cached for ``cache_seconds`` (one statement each
     refresh). A failed read is logged and the last figures are served meanwhile."""
@@ -264,7 +299,8 @@ class DatabaseCollector(Collector):
                 now = self.app.clock()
                 try:
                     with self.app.store.read() as conn:
-                        self._rows = list(conn.execute(_state_statement(now)))
+                        postgresql = conn.dialect.name == "postgresql"
+                        self._rows = list(conn.execute(_state_statement(now, postgresql)))
                     self._now = now
                 except Exception as exc:
                     log.warning(
@@ -310,6 +346,8 @@ class DatabaseCollector(Collector):
         queues = set(self.app.worker_settings.queues)
         ready_since: dict[str, datetime] = {}
         task_states = {"enabled": 0, "disabled": 0}
+        dead: dict[str, int] = {}
+        vacuum: float | None = None  # PostgreSQL: the oldest horizon holder's age
         for kind, a, b, n, at in found:
             if kind == "jobs":
                 counts[a, b] = n
@@ -321,6 +359,10 @@ class DatabaseCollector(Collector):
                 failures.add_metric([a], n)
                 if at is not None:
                     success.add_metric([a], at.timestamp())
+            elif kind == "dead":
+                dead[a] = int(n)
+            elif kind == "horizon":
+                vacuum = float(n or 0.0)
             elif kind == "worker" and not a.endswith(_ONE_SHOT_SUFFIX) and read_at is not None:
                 alive = at >= read_at - timedelta(seconds=WORKER_UP_SECONDS)
                 up.add_metric([a], 1.0 if alive else 0.0)
@@ -333,6 +375,8 @@ class DatabaseCollector(Collector):
         for task_state, number in task_states.items():
             tasks.add_metric([task_state], number)
         yield from (by_state, oldest, tasks, success, failures, up)
+        if vacuum is not None:
+            yield from _vacuum_metrics(dead, vacuum)
 
 
 class Metrics:

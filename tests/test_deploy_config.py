@@ -74,7 +74,7 @@ def test_promtool_checks_the_rules() -> None:
         text=True,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 6 rules found" in done.stdout + done.stderr
+    assert "SUCCESS: 7 rules found" in done.stdout + done.stderr
 
 
 def test_promtool_unit_tests_fire_and_do_not_fire_each_alert() -> None:
@@ -87,7 +87,7 @@ def test_promtool_unit_tests_fire_and_do_not_fire_each_alert() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     tests = (CONFIG / "prometheus" / "alerts_test.yml").read_text()
     alerts = re.findall(r"- alert: (\w+)", (CONFIG / "prometheus" / "alerts.yml").read_text())
-    assert len(alerts) == 6
+    assert len(alerts) == 7
     for alert in alerts:  # each alert is tested firing and not firing
         blocks = re.split(r"\n\s+- eval_time:", tests)
         mine = [b for b in blocks if f"alertname: {alert}\n" in b]

@@ -607,3 +607,61 @@ def test_the_schema_check_reads_the_same_head_as_alembic() -> None:
     from scheduler._migrate import head_revision, shipped_head
 
     assert shipped_head() == head_revision()
+
+
+# -- revision 0007: the due index in the due query's order -----------------------------------
+def _due_index_columns(engine: Engine) -> list[str | None]:
+    [found] = [
+        i
+        for i in inspect(engine).get_indexes("scheduler_rows")
+        if i["name"] == "ix_scheduler_rows_due"
+    ]
+    return list(found["column_names"])
+
+
+def test_0007_puts_id_in_the_due_index_and_back(app: Scheduler):
+    """Up from 0006 with a row, down again, up again: the due index is (enabled, next_run_at)
+    at 0006 and (enabled, next_run_at, id) at 0007; the row kept every time."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import insert, select
+
+    from scheduler._store.tables import rows
+
+    engine = app.store.engine
+    app.migrate()
+    downgrade(app.store, "0006")
+    assert _due_index_columns(engine) == ["enabled", "next_run_at"]
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    with app.store.begin() as conn:
+        conn.execute(
+            insert(rows),
+            {
+                "name": "t",
+                "handler": "h",
+                "payload": "{}",
+                "cron": "* * * * *",
+                "timezone": "UTC",
+                "concurrent": False,
+                "enabled": True,
+                "next_run_at": now,
+                "consecutive_failures": 0,
+                "version": 1,
+                "created_at": now,
+                "updated_at": now,
+            },
+        )
+
+    def names() -> list[str]:
+        with app.store.read() as conn:
+            return list(conn.execute(select(rows.c.name)).scalars())
+
+    app.migrate("0007")
+    assert current_revision(app.store) == "0007"
+    assert _due_index_columns(engine) == ["enabled", "next_run_at", "id"]
+    assert names() == ["t"]
+    downgrade(app.store, "0006")
+    assert _due_index_columns(engine) == ["enabled", "next_run_at"]
+    app.migrate()
+    assert names() == ["t"]
+    assert schema_diff(engine) == []

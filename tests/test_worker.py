@@ -54,7 +54,11 @@ class WorkerProcess:
 
     def __init__(self, cwd: Path, config: Path, *args: str) -> None:
         self.log = cwd / f"worker-{time.monotonic_ns()}.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
+        env = {  # the pooler setting of a pgbouncer case is kept
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("SCHEDULER_") or k == "SCHEDULER_DATABASE_POOLER"
+        }
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
                 [*COMMAND, "--config", str(config), "worker", *args],

@@ -26,6 +26,7 @@ from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from .._time import in_zone, iso
+from . import horizon as _horizon
 from . import jobs as _jobs
 from . import rows as _rows
 from . import warned as _warned
@@ -49,6 +50,7 @@ class Thresholds:
     tick: float = 120.0  # no scheduler tick for this long
     worker_gone: float = 30.0  # a worker not seen for this long is not running (kill -9)
     clock_offset: float = 2.0  # a host's clock this far off the database's (CLOCK_WARN_SECONDS)
+    horizon: float = 300.0  # a transaction holding the MVCC horizon this long (horizon.py)
 
 
 CLOCK_WARN_SECONDS = Thresholds.clock_offset
@@ -485,7 +487,20 @@ def status(
     """The object ``scheduler status --json`` prints, every count exact and every name listed
     (``Scheduler.status()`` checks the schema first). Without ``rows`` its ``rows`` list is
     empty."""
-    return _read(store, now, settings or HealthSettings(), rows=rows, limit=None, finished=True)[0]
+    settings = settings or HealthSettings()
+    data = _read(store, now, settings, rows=rows, limit=None, finished=True)[0]
+    data["health"]["warnings"].extend(_horizon_warnings(store, settings.thresholds))
+    return data
+
+
+def _horizon_warnings(store: Store, limits: Thresholds) -> list[str]:
+    """PostgreSQL: a transaction holding the MVCC horizon too long (horizon.py); one more
+    read, apart from the others (it reads the server's activity, not the scheduler's
+    tables)."""
+    if store.caps.dialect != "postgresql":
+        return []
+    with store.read() as conn:
+        return _horizon.warnings(_horizon.holders(conn), limits.horizon)
 
 
 WARNED_LIMIT = 20

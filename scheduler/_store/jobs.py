@@ -25,9 +25,11 @@ from sqlalchemy import (
     bindparam,
     case,
     delete,
+    false,
     func,
     insert,
     select,
+    tuple_,
     update,
 )
 from sqlalchemy.exc import IntegrityError
@@ -197,11 +199,17 @@ _INSERT_JOB = insert(jobs)
 _INSERT_RUNS = insert(runs)
 _BY_ID = select(jobs).where(jobs.c.id == _P("p_id"))
 _BY_KEY = select(jobs.c.id).where(jobs.c.dedupe_key == _P("p_key"))
-# The guard of every transition after a claim: same owner, unexpired lease.
+# The guard of every transition after a claim: same owner, unexpired lease. Its state and
+# lease are written so that no index can serve them (COALESCE of a column that is never
+# NULL here, of a comparison that is false for NULL): the statements it guards choose their
+# jobs by id, and PostgreSQL, which has no index hints (by_id is MariaDB's), took the lease
+# index (state = 'claimed' AND lease_expires_at > now) instead of the primary key. That
+# range holds an entry per claim made within a lease, dead ones included: while a
+# transaction held the MVCC horizon, each outcome and heartbeat walked thousands (issue 25).
 _HELD = and_(
-    jobs.c.state == CLAIMED,
+    func.coalesce(jobs.c.state, "") == CLAIMED,
     jobs.c.lease_owner == _P("p_owner"),
-    jobs.c.lease_expires_at > _P("p_now"),
+    func.coalesce(jobs.c.lease_expires_at > _P("p_now"), false()),
 )
 _IDS: BindParameter[Any] = _P("p_ids", expanding=True)
 _EXTEND = by_id(
@@ -268,14 +276,22 @@ def get_job(conn: Connection, job_id: int) -> Job | None:
     return Job.from_row(row) if row is not None else None
 
 
-@functools.lru_cache(maxsize=16)
+#: Where a claim left off in the claim's order: (priority, run_at, id) of the last job it took.
+ClaimKey = tuple[int, datetime, int]
+
+
+@functools.lru_cache(maxsize=32)
 def _claim_statements(
-    skip_locked: bool, returning: bool, by_handler: str | None = None
+    skip_locked: bool, returning: bool, by_handler: str | None = None, after: bool = False
 ) -> tuple[Any, ...]:
     """The claim for one engine's capabilities: (statement) or (select, update, reselect).
 
     ``by_handler`` ``"in"`` / ``"not_in"``: only the jobs of the handlers ``p_handlers``, or
-    only the others' (the worker claims its async and its sync handlers' jobs apart)."""
+    only the others' (the worker claims its async and its sync handlers' jobs apart).
+    ``after``: only the jobs past ``(p_after_priority, p_after_at, p_after_id)`` in the
+    claim's order, a row comparison the ready index is range-scanned from (PostgreSQL): the
+    entries before it, left by jobs claimed since vacuum last ran, are not walked (see
+    :class:`~scheduler._store.cursor.ClaimCursor`)."""
     ready = (
         select(jobs.c.id)
         .where(
@@ -286,6 +302,15 @@ def _claim_statements(
         .order_by(jobs.c.priority, jobs.c.run_at, jobs.c.id)
         .limit(_P("p_limit", type_=Integer))
     )
+    if after:
+        ready = ready.where(
+            tuple_(jobs.c.priority, jobs.c.run_at, jobs.c.id)
+            > tuple_(
+                _P("p_after_priority", type_=jobs.c.priority.type),
+                _P("p_after_at", type_=jobs.c.run_at.type),
+                _P("p_after_id", type_=jobs.c.id.type),
+            )
+        )
     if by_handler is not None:
         names: BindParameter[Any] = _P("p_handlers", expanding=True)
         ready = ready.where(
@@ -335,12 +360,14 @@ def claim(
     queues: Sequence[str] = ("default",),
     handlers: Collection[str] = (),
     exclude: bool = False,
+    after: ClaimKey | None = None,
 ) -> list[Job]:
     """Move up to ``limit`` ready jobs ``queued -> claimed`` for ``owner`` (with ``handlers``:
-    only those handlers' jobs, or with ``exclude`` only the other handlers')."""
+    only those handlers' jobs, or with ``exclude`` only the other handlers'; with ``after``,
+    only those past that key in the claim's order)."""
     returning = store.caps.claim_returning
     by_handler = ("not_in" if exclude else "in") if handlers else None
-    statements = _claim_statements(store.caps.skip_locked, returning, by_handler)
+    statements = _claim_statements(store.caps.skip_locked, returning, by_handler, after is not None)
     params: dict[str, Any] = {
         "p_now": now,
         "p_queues": list(queues),
@@ -348,6 +375,8 @@ def claim(
         "p_owner": owner,
         "p_until": now + lease,
     }
+    if after is not None:
+        params.update(p_after_priority=after[0], p_after_at=after[1], p_after_id=after[2])
     if by_handler is not None:
         params["p_handlers"] = sorted(handlers)
     if returning:

@@ -171,7 +171,9 @@ rows = Table(
     # The operator's words with a disable (``disable --reason``).
     Column("disabled_note", String(500)),
     Column("tenant", String(63)),
-    Index("ix_scheduler_rows_due", "enabled", "next_run_at"),
+    # The due query's order, id included (revision 0007): a burst's rows share one
+    # next_run_at, and its keyset pagination goes on from (next_run_at, id).
+    Index("ix_scheduler_rows_due", "enabled", "next_run_at", "id"),
 )
 
 decisions = Table(

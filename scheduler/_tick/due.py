@@ -10,7 +10,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, Integer, and_, bindparam, func, or_, select, true
+from sqlalchemy import (
+    Connection,
+    Integer,
+    Select,
+    and_,
+    bindparam,
+    func,
+    or_,
+    select,
+    true,
+    tuple_,
+    union_all,
+)
 
 from .._store import Store
 from .._store.tables import jobs, rows
@@ -82,12 +94,34 @@ _DUE = (
     .order_by(rows.c.next_run_at, rows.c.id)
     .limit(_P("p_limit", type_=Integer))
 )
-_DUE_AFTER = _DUE.where(  # the next batch: keyset pagination past the last row seen
-    or_(
-        rows.c.next_run_at > _P("p_after_at"),
-        and_(rows.c.next_run_at == _P("p_after_at"), rows.c.id > _P("p_after_id")),
-    )
+# The next batch: keyset pagination past the last row seen (after_at, after_id), which must
+# be a range scan of the due index (enabled, next_run_at, id) from that position: a burst's
+# rows share one next_run_at, and a batch that reads every due row to find its 100 makes a
+# burst quadratic (issue 25: `next_run_at > :at OR (next_run_at = :at AND id > :id)` read and
+# sorted them all on PostgreSQL, for every batch). Each engine gets the form it seeks on:
+_AT = _P("p_after_at", type_=rows.c.next_run_at.type)  # typed: a tuple does not pass its
+_ID = _P("p_after_id", type_=rows.c.id.type)  # columns' types on to its values
+# PostgreSQL: a row comparison, an index condition that positions the scan.
+_DUE_AFTER = _DUE.where(tuple_(rows.c.next_run_at, rows.c.id) > tuple_(_AT, _ID))
+# MariaDB/MySQL: the OR form, which their range optimiser turns into two ranges of the index
+# (a row comparison it does not position on: it read every entry before the batch's).
+_DUE_AFTER_OR = _DUE.where(
+    or_(rows.c.next_run_at > _AT, and_(rows.c.next_run_at == _AT, rows.c.id > _ID))
 )
+
+
+def _in_two_ranges() -> Select[Any]:
+    """SQLite: the rest of `after_at`'s rows, then the later ones, each its own seek. On a row
+    comparison (the id is its rowid) or the OR form, SQLite positions on ``next_run_at``
+    only, and walks every entry of the burst's instant before the batch's."""
+    same = _DUE.where(rows.c.next_run_at == _AT, rows.c.id > _ID).subquery()
+    later = _DUE.where(rows.c.next_run_at > _AT).subquery()
+    both = union_all(select(same), select(later)).subquery()
+    return select(both).order_by(both.c.next_run_at, both.c.id).limit(_P("p_limit", type_=Integer))
+
+
+_DUE_AFTER_TWO = _in_two_ranges()
+_KEYSET = {"postgresql": _DUE_AFTER, "mysql": _DUE_AFTER_OR, "mariadb": _DUE_AFTER_OR}
 _LAST_ID = select(func.max(rows.c.id))
 
 
@@ -100,7 +134,7 @@ def due(
         found = store.read_rows(conn, _DUE, params)
     else:
         params.update(p_after_at=after[0], p_after_id=after[1])
-        found = store.read_rows(conn, _DUE_AFTER, params)
+        found = store.read_rows(conn, _KEYSET.get(store.caps.dialect, _DUE_AFTER_TWO), params)
     return [DueRow._make(row) for row in found]
 
 
