@@ -9,7 +9,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -18,6 +18,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from . import _alerts, _backfill, _migrate, _tick, _tracing, signals
+from ._caller import CallerTransaction, adopt
 from ._config import (
     AppConfig,
     DashboardSettings,
@@ -92,6 +93,11 @@ _T = TypeVar("_T")
 
 
 _BACKFILL_ATTEMPTS = 20
+
+#: The keys of an ``enqueue_many`` item: ``enqueue``'s arguments.
+ENQUEUE_KEYS = frozenset(
+    ("handler", "payload", "run_at", "priority", "dedupe_key", "queue", "max_attempts", "tenant")
+)
 
 
 def _sync_detail(path: str | None, plan: SyncPlan) -> str:
@@ -369,33 +375,55 @@ class Scheduler:
             connections=self.settings.tick_connections,
         )
 
-    def enable(self, name: str, *, reason: str | None = None, actor: str | None = None) -> bool:
+    def enable(
+        self,
+        name: str,
+        *,
+        reason: str | None = None,
+        actor: str | None = None,
+        connection: Any = None,
+    ) -> bool:
         """Re-enable a disabled row (count reset, re-armed from now, its disable note cleared);
         False if it was enabled (nothing changed, nothing audited). The slots that passed while
         it was disabled are logged as ``paused``, and ``slot_skipped`` is sent for each after
-        the commit."""
+        the commit (with ``connection``: after the caller's commit)."""
         paused: list[tuple[datetime, str]] = []
 
         def change(conn: Any, row: str, now: datetime) -> bool:
             paused.clear()  # a retried transaction starts again
             return _rows.enable(conn, row, now, paused)
 
-        enabled = self._audited_row("enable", name, reason, actor, change)
-        for slot, why in paused:  # after the commit (SPEC §9)
-            signals.send(signals.slot_skipped, name, slot=slot, decision="paused", reason=why)
-        return enabled
+        def send() -> None:
+            for slot, why in paused:  # after the commit (SPEC §9)
+                signals.send(signals.slot_skipped, name, slot=slot, decision="paused", reason=why)
 
-    def disable(self, name: str, *, reason: str | None = None, actor: str | None = None) -> None:
+        return self._audited_row("enable", name, reason, actor, change, connection, send)
+
+    def disable(
+        self,
+        name: str,
+        *,
+        reason: str | None = None,
+        actor: str | None = None,
+        connection: Any = None,
+    ) -> None:
         """Pause a row until :meth:`enable`; ``reason`` is kept as its ``disabled_note``."""
 
         def change(conn: Any, row: str, now: datetime) -> None:
             _rows.disable(conn, row, now, note=_audit.check(actor, reason)[1])
 
-        self._audited_row("disable", name, reason, actor, change)
+        self._audited_row("disable", name, reason, actor, change, connection)
 
-    def trigger(self, name: str, *, reason: str | None = None, actor: str | None = None) -> None:
+    def trigger(
+        self,
+        name: str,
+        *,
+        reason: str | None = None,
+        actor: str | None = None,
+        connection: Any = None,
+    ) -> None:
         """Make a row due now (the tick's gates still apply)."""
-        self._audited_row("trigger", name, reason, actor, _rows.trigger)
+        self._audited_row("trigger", name, reason, actor, _rows.trigger, connection)
 
     def _audited_row(
         self,
@@ -404,20 +432,60 @@ class Scheduler:
         reason: str | None,
         actor: str | None,
         change: Callable[[Any, str, datetime], _T],
+        connection: Any = None,
+        committed: Callable[[], None] | None = None,
     ) -> _T:
         """``change`` and its audit entry in one transaction (none when it returned False:
-        nothing changed)."""
+        nothing changed): ours, or the caller's ``connection``; ``committed`` runs after the
+        commit."""
         who, why = _audit.check(actor, reason)
+
+        def write(conn: Any) -> _T:
+            now = self.clock()
+            result = change(conn, name, now)
+            if result is not False:
+                _audit.record(conn, now=now, actor=who, action=action, target=name, reason=why)
+            return result
+
+        return self._write(f"{action} {name}", write, connection, committed)
+
+    def _write(
+        self,
+        what: str,
+        write: Callable[[Any], _T],
+        connection: Any,
+        committed: Callable[[], None] | None = None,
+    ) -> _T:
+        """``write`` in a transaction of our own (run again after a deadlock), or on the
+        caller's ``connection`` (its transaction: nothing committed, nothing retried);
+        ``committed`` runs after the commit, ours or the caller's."""
+        caller = self._caller(connection)
+        if caller is not None:
+            result = write(caller.conn)
+            if committed is not None:
+                caller.on_commit(committed)
+            return result
 
         def attempt() -> _T:
             with self.store.begin() as conn:
-                now = self.clock()
-                result = change(conn, name, now)
-                if result is not False:
-                    _audit.record(conn, now=now, actor=who, action=action, target=name, reason=why)
-                return result
+                return write(conn)
 
-        return retry(f"{action} {name}", attempt)
+        result = retry(what, attempt)
+        if committed is not None:
+            committed()
+        return result
+
+    def _caller(self, connection: Any) -> CallerTransaction | None:
+        """The caller's transaction to write in (``connection=``), checked; None: our own."""
+        if connection is None:
+            return self._ambient_transaction()
+        self.check_schema()  # once per Scheduler, on our own connection
+        return adopt(connection, self.store.engine)
+
+    def _ambient_transaction(self) -> CallerTransaction | None:
+        """The transaction a write joins when no ``connection`` is given (None here: its own;
+        ``scheduler.contrib.django`` joins Django's atomic block)."""
+        return None
 
     def get_row(self, name: str) -> TaskRow | None:
         with self.store.read() as conn:
@@ -446,16 +514,60 @@ class Scheduler:
         queue: str | None = None,
         max_attempts: int | None = None,
         tenant: str | None = None,
+        connection: Any = None,
     ) -> int:
         """Add a job; returns its id (with a ``dedupe_key``: the active job's id if any).
 
         ``tenant`` (1-63 ASCII letters, digits, ``_``, ``-``; a letter or digit first) is whose
         job it is: ``job.tenant``, and the ``@app.tenant_context`` is entered around its runs.
 
+        ``connection``: a SQLAlchemy ``Connection`` or ``Session`` in a transaction on this
+        scheduler's database; the job is written in that transaction and exists if and only if
+        the caller commits it (docs/explanation/transactional-enqueue.md). Without it, the job
+        is written and committed in a transaction of its own.
+
         Raises :class:`PayloadError` for a bad payload, ``ValueError`` for ``max_attempts``
         below 1, a bad ``tenant``, or a ``handler``, ``queue`` or ``dedupe_key`` longer than
-        its column.
+        its column; :class:`SchedulerError` for a ``connection`` that is not in a transaction,
+        in autocommit, or on another database.
         """
+        values = self._job_values(
+            handler,
+            payload,
+            now=self.clock(),
+            run_at=run_at,
+            priority=priority,
+            dedupe_key=dedupe_key,
+            queue=queue,
+            max_attempts=max_attempts,
+            tenant=tenant,
+        )
+        caller = self._caller(connection)
+        with _tracing.enqueue_span(handler, values["queue"]) as span:  # OpenTelemetry, if set
+            values.update(span.fields)
+            if caller is None:
+                job_id = _jobs.enqueue(self.store, values)
+            else:
+                job_id = _jobs.enqueue_on(caller.conn, values)
+            span.job_id(job_id)
+        return job_id
+
+    def _job_values(
+        self,
+        handler: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        now: datetime,
+        run_at: datetime | None = None,
+        priority: int = 0,
+        dedupe_key: str | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        tenant: str | None = None,
+    ) -> dict[str, Any]:
+        """A new job's column values, every argument checked (nothing is written here)."""
+        if not isinstance(handler, str) or not handler:
+            raise TypeError(f"handler: expected a non-empty string, got {handler!r}")
         if tenant is not None:
             _jobs.check_tenant(tenant)
         text = encode_payload(payload, self.settings.payload_limit_bytes)
@@ -464,10 +576,10 @@ class Scheduler:
             raise ValueError("max_attempts must be at least 1")
         queue = queue or default_queue
         _jobs.check_text(handler=handler, queue=queue, dedupe_key=dedupe_key)
-        values = _jobs.new_job_values(
+        return _jobs.new_job_values(
             handler=handler,
             payload=text,
-            now=self.clock(),
+            now=now,
             run_at=as_utc(run_at) if run_at is not None else None,
             priority=priority,
             dedupe_key=dedupe_key,
@@ -475,11 +587,59 @@ class Scheduler:
             max_attempts=max_attempts or default_attempts,
             tenant=tenant,
         )
-        with _tracing.enqueue_span(handler, queue) as span:  # OpenTelemetry, if configured
-            values.update(span.fields)
-            job_id = _jobs.enqueue(self.store, values)
-            span.job_id(job_id)
-        return job_id
+
+    def enqueue_many(
+        self, items: Iterable[Mapping[str, Any]], *, connection: Any = None
+    ) -> list[int]:
+        """Add many jobs at once; returns their ids, in the items' order.
+
+        Each item is a mapping of :meth:`enqueue`'s keyword names: ``handler`` (required),
+        ``payload``, ``run_at``, ``priority``, ``dedupe_key``, ``queue``, ``max_attempts``,
+        ``tenant``. Every item is checked before anything is written (a bad one raises the
+        error :meth:`enqueue` would, its message starting with ``item N``), and then all of
+        them are written in one transaction, one statement per chunk of rows: all or nothing.
+
+        A dedupe key whose job is active gives that job's id; two items with the same key give
+        the same id (the first of them is the one enqueued, as two ``enqueue`` calls in a row
+        would). ``connection``: as for :meth:`enqueue`, the caller's transaction.
+        """
+        now = self.clock()
+        values: list[dict[str, Any]] = []
+        for index, item in enumerate(items):
+            values.append(self._item_values(index, item, now))
+        if not values:
+            return []
+        caller = self._caller(connection)
+        with _tracing.enqueue_many_span(len(values)) as span:  # OpenTelemetry, if configured
+            if span.fields:
+                for one in values:
+                    one.update(span.fields)
+            if caller is not None:
+                return _jobs.enqueue_many_on(caller.conn, values)
+
+            def attempt() -> list[int]:
+                with self.store.begin() as conn:
+                    return _jobs.enqueue_many_on(conn, values)
+
+            return retry("enqueue_many", attempt)
+
+    def _item_values(self, index: int, item: Any, now: datetime) -> dict[str, Any]:
+        """One item of :meth:`enqueue_many` as job values; errors name the item."""
+        where = f"enqueue_many: item {index}"
+        if not isinstance(item, Mapping):
+            raise TypeError(f"{where}: expected a mapping, got {type(item).__name__}")
+        unknown = sorted(str(key) for key in item if key not in ENQUEUE_KEYS)
+        if unknown:
+            raise TypeError(
+                f"{where}: unknown key(s) {', '.join(unknown)}; expected"
+                f" {', '.join(sorted(ENQUEUE_KEYS))}"
+            )
+        if "handler" not in item:
+            raise TypeError(f"{where}: 'handler' is required")
+        try:
+            return self._job_values(**item, now=now)
+        except (ValueError, TypeError) as exc:  # PayloadError is a ValueError
+            raise type(exc)(f"{where}: {exc}") from None
 
     def get_job(self, job_id: int) -> Job | None:
         with self.store.read() as conn:
@@ -490,24 +650,36 @@ class Scheduler:
         with self.store.read() as conn:
             return _jobs.history(conn, job_id)
 
-    def retry_job(self, job_id: int, *, reason: str | None = None, actor: str | None = None) -> Job:
+    def retry_job(
+        self,
+        job_id: int,
+        *,
+        reason: str | None = None,
+        actor: str | None = None,
+        connection: Any = None,
+    ) -> Job:
         """Requeue an ``aborted`` job, attempts reset; a task's job becomes a fresh run of the
         task's current job. Raises :class:`~scheduler.JobStateError` in any other state."""
 
         def change(conn: Any, now: datetime) -> Job:
             return _jobs.requeue(conn, job_id, now=now, job_defaults=self._job_defaults)
 
-        return self._audited_job("retry", job_id, reason, actor, change)
+        return self._audited_job("retry", job_id, reason, actor, change, connection)
 
     def cancel_job(
-        self, job_id: int, *, reason: str | None = None, actor: str | None = None
+        self,
+        job_id: int,
+        *,
+        reason: str | None = None,
+        actor: str | None = None,
+        connection: Any = None,
     ) -> Job:
         """Abort a ``queued`` job with code ``cancelled``; refused in any other state."""
 
         def change(conn: Any, now: datetime) -> Job:
             return _jobs.cancel(conn, job_id, now=now)
 
-        return self._audited_job("cancel", job_id, reason, actor, change)
+        return self._audited_job("cancel", job_id, reason, actor, change, connection)
 
     def _audited_job(
         self,
@@ -516,28 +688,29 @@ class Scheduler:
         reason: str | None,
         actor: str | None,
         change: Callable[[Any, datetime], Job],
+        connection: Any = None,
     ) -> Job:
-        """``change`` and its audit entry in one transaction. The target is the job's task
-        (``audit NAME`` shows it), else ``job ID``; the detail names the job."""
+        """``change`` and its audit entry in one transaction (ours, or the caller's
+        ``connection``). The target is the job's task (``audit NAME`` shows it), else
+        ``job ID``; the detail names the job."""
         who, why = _audit.check(actor, reason)
 
-        def attempt() -> Job:
-            with self.store.begin() as conn:
-                now = self.clock()
-                job = change(conn, now)
-                target = job.task_name if job.task_name is not None else f"job {job.id}"
-                _audit.record(
-                    conn,
-                    now=now,
-                    actor=who,
-                    action=action,
-                    target=target,
-                    reason=why,
-                    detail=f"job {job.id}",
-                )
-                return job
+        def write(conn: Any) -> Job:
+            now = self.clock()
+            job = change(conn, now)
+            target = job.task_name if job.task_name is not None else f"job {job.id}"
+            _audit.record(
+                conn,
+                now=now,
+                actor=who,
+                action=action,
+                target=target,
+                reason=why,
+                detail=f"job {job.id}",
+            )
+            return job
 
-        return retry(f"{action}_job", attempt)
+        return self._write(f"{action}_job", write, connection)
 
     def jobs(
         self,
