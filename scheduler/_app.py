@@ -94,6 +94,8 @@ _T = TypeVar("_T")
 
 _BACKFILL_ATTEMPTS = 20
 
+_INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
+
 #: The keys of an ``enqueue_many`` item: ``enqueue``'s arguments.
 ENQUEUE_KEYS = frozenset(
     ("handler", "payload", "run_at", "priority", "dedupe_key", "queue", "max_attempts", "tenant")
@@ -480,7 +482,7 @@ class Scheduler:
         if connection is None:
             return self._ambient_transaction()
         self.check_schema()  # once per Scheduler, on our own connection
-        return adopt(connection, self.store.engine)
+        return adopt(connection, self.store)
 
     def _ambient_transaction(self) -> CallerTransaction | None:
         """The transaction a write joins when no ``connection`` is given (None here: its own;
@@ -568,6 +570,15 @@ class Scheduler:
         """A new job's column values, every argument checked (nothing is written here)."""
         if not isinstance(handler, str) or not handler:
             raise TypeError(f"handler: expected a non-empty string, got {handler!r}")
+        if run_at is not None and not isinstance(run_at, datetime):
+            raise TypeError(f"run_at: expected an aware datetime, got {type(run_at).__name__}")
+        for name, number in (("priority", priority), ("max_attempts", max_attempts)):
+            if number is None:
+                continue
+            if not isinstance(number, int) or isinstance(number, bool):
+                raise TypeError(f"{name}: expected an integer, got {number!r}")
+            if not _INT_MIN <= number <= _INT_MAX:  # an INTEGER column on every engine
+                raise ValueError(f"{name} {number} is outside {_INT_MIN}..{_INT_MAX}")
         if tenant is not None:
             _jobs.check_tenant(tenant)
         text = encode_payload(payload, self.settings.payload_limit_bytes)

@@ -43,6 +43,7 @@ from sqlalchemy import Connection, Engine, event, text
 from sqlalchemy.orm import Session
 
 from ._errors import SchedulerError
+from ._store.engine import Store
 
 OnCommit = Callable[[Callable[[], None]], None]
 
@@ -57,9 +58,9 @@ class CallerTransaction:
     on_commit: OnCommit
 
 
-def adopt(given: Any, engine: Engine) -> CallerTransaction:
+def adopt(given: Any, store: Store) -> CallerTransaction:
     """``given`` (a ``Connection`` or ``Session``) checked for writing the scheduler's rows on
-    ``engine``'s database, in the caller's transaction; else :class:`SchedulerError`."""
+    ``store``'s database, in the caller's transaction; else :class:`SchedulerError`."""
     if isinstance(given, Session):
         if not given.in_transaction():
             raise SchedulerError(
@@ -67,10 +68,10 @@ def adopt(given: Any, engine: Engine) -> CallerTransaction:
                 " (`with session.begin():`) or write with it first"
             )
         conn = given.connection()
-        checked = _checked(conn, engine, "the Session's connection")
+        checked = _checked(conn, store, "the Session's connection")
         return CallerTransaction(checked, _after_session_commit(given))
     if isinstance(given, Connection):
-        checked = _checked(given, engine, "the Connection")
+        checked = _checked(given, store, "the Connection")
         return CallerTransaction(checked, _after_connection_commit(given))
     raise SchedulerError(
         f"connection=: expected a SQLAlchemy Connection or Session in a transaction,"
@@ -78,7 +79,7 @@ def adopt(given: Any, engine: Engine) -> CallerTransaction:
     )
 
 
-def _checked(conn: Connection, engine: Engine, what: str) -> Connection:
+def _checked(conn: Connection, store: Store, what: str) -> Connection:
     if conn.closed or conn.invalidated:
         raise SchedulerError(f"connection=: {what} is closed")
     if not conn.in_transaction():
@@ -91,8 +92,8 @@ def _checked(conn: Connection, engine: Engine, what: str) -> Connection:
             f"connection=: {what} is in autocommit: each statement would commit at once, not"
             " with your transaction; use a connection without isolation_level='AUTOCOMMIT'"
         )
-    if conn.engine is not engine:
-        same_database(conn, engine, what)
+    if conn.engine is not store.engine:
+        same_database(conn, store, what)
     return conn
 
 
@@ -161,20 +162,21 @@ def describe(found: tuple[Any, ...]) -> str:
     return f"{kind} {found[1]}"
 
 
-def _our_identity(engine: Engine, fresh: bool = False) -> tuple[Any, ...]:
+def _our_identity(store: Store, fresh: bool = False) -> tuple[Any, ...]:
     with _ours_lock:
-        known = None if fresh else _ours.get(engine)
+        known = None if fresh else _ours.get(store.engine)
     if known is None:
-        with engine.connect() as conn:
+        # A read-only transaction: on SQLite a write one would wait for the caller's own lock.
+        with store.read() as conn:
             known = identity(conn)
-            conn.rollback()
         with _ours_lock:
-            _ours[engine] = known
+            _ours[store.engine] = known
     return known
 
 
-def same_database(conn: Connection, engine: Engine, what: str) -> None:
-    """Raise :class:`SchedulerError` unless ``conn`` is on ``engine``'s database."""
+def same_database(conn: Connection, store: Store, what: str) -> None:
+    """Raise :class:`SchedulerError` unless ``conn`` is on ``store``'s database."""
+    engine = store.engine
     if _family(conn.dialect.name) != _family(engine.dialect.name):
         raise SchedulerError(
             f"connection=: {what} is a {conn.dialect.name} connection; the scheduler's"
@@ -184,55 +186,59 @@ def same_database(conn: Connection, engine: Engine, what: str) -> None:
     theirs = info.get(_IDENTITY_KEY)
     if theirs is None:
         theirs = info[_IDENTITY_KEY] = identity(conn)
-    if theirs == _our_identity(engine) or theirs == _our_identity(engine, fresh=True):
+    if theirs == _our_identity(store) or theirs == _our_identity(store, fresh=True):
         return
     raise SchedulerError(
         f"connection=: {what} is on another database ({describe(theirs)}) than the"
-        f" scheduler's ({describe(_our_identity(engine))}): the job must be written in the"
+        f" scheduler's ({describe(_our_identity(store))}): the job must be written in the"
         " scheduler's database, or it would not be the scheduler's job"
     )
 
 
 # -- after the caller's commit ------------------------------------------------------------
+# What runs after each Session's or Connection's commit, dropped at its rollback. One listener
+# pair per object, registered at its first use and never removed (removing a listener while
+# SQLAlchemy dispatches the event is not allowed); the entries go with the objects.
+_pending: weakref.WeakKeyDictionary[Any, list[Callable[[], None]]] = weakref.WeakKeyDictionary()
+
+
+def _run_pending(target: Any) -> None:
+    for fn in _pending.pop(target, ()):
+        fn()
+
+
+def _session_committed(session: Session) -> None:
+    _run_pending(session)
+
+
+def _session_rolled_back(session: Session, transaction: Any) -> None:
+    if not transaction.nested:  # a savepoint's rollback leaves the transaction going on
+        _pending.pop(session, None)
+
+
+def _connection_committed(conn: Connection) -> None:
+    _run_pending(conn)
+
+
+def _connection_rolled_back(conn: Connection) -> None:
+    _pending.pop(conn, None)
+
+
 def _after_session_commit(session: Session) -> OnCommit:
     def on_commit(fn: Callable[[], None]) -> None:
-        def committed(_session: Session) -> None:
-            _forget()
-            fn()
-
-        def rolled_back(_session: Session, transaction: Any) -> None:
-            if not transaction.nested:  # a savepoint's rollback leaves the transaction on
-                _forget()
-
-        def _forget() -> None:
-            for name, listener in (
-                ("after_commit", committed),
-                ("after_soft_rollback", rolled_back),
-            ):
-                if event.contains(session, name, listener):
-                    event.remove(session, name, listener)
-
-        event.listen(session, "after_commit", committed)
-        event.listen(session, "after_soft_rollback", rolled_back)
+        if not event.contains(session, "after_commit", _session_committed):
+            event.listen(session, "after_commit", _session_committed)
+            event.listen(session, "after_soft_rollback", _session_rolled_back)
+        _pending.setdefault(session, []).append(fn)
 
     return on_commit
 
 
 def _after_connection_commit(conn: Connection) -> OnCommit:
     def on_commit(fn: Callable[[], None]) -> None:
-        def committed(_conn: Connection) -> None:
-            _forget()
-            fn()
-
-        def rolled_back(_conn: Connection) -> None:
-            _forget()
-
-        def _forget() -> None:
-            for name, listener in (("commit", committed), ("rollback", rolled_back)):
-                if event.contains(conn, name, listener):
-                    event.remove(conn, name, listener)
-
-        event.listen(conn, "commit", committed)
-        event.listen(conn, "rollback", rolled_back)
+        if not event.contains(conn, "commit", _connection_committed):
+            event.listen(conn, "commit", _connection_committed)
+            event.listen(conn, "rollback", _connection_rolled_back)
+        _pending.setdefault(conn, []).append(fn)
 
     return on_commit
