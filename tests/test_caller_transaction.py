@@ -10,6 +10,10 @@ once.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -496,3 +500,59 @@ def test_mysqls_path_without_returning(sched: Scheduler, db_url: str) -> None:
     payloads = [sched.get_job(i).payload for i in ids[:20]]  # type: ignore[union-attr]
     assert payloads == [{"n": n} for n in range(20)]
     assert ids[20] == held and ids[21] == ids[22] and ids[21] not in ids[:21]
+
+
+# -- a crash between the caller's write and its commit ---------------------------------------
+CRASH_SCRIPT = """
+import sys, time
+from sqlalchemy import create_engine, insert, text
+from scheduler import Scheduler
+from scheduler._handlers import Registry
+sys.path.insert(0, {tests!r})
+from test_caller_transaction import orders
+url = sys.argv[1]
+app = Scheduler(url, registry=Registry())
+with create_engine(url).connect() as conn:
+    conn.begin()
+    conn.execute(insert(orders).values(item="lost"))
+    job = app.enqueue("works", {{"order": "lost"}}, connection=conn)
+    many = app.enqueue_many([{{"handler": "works"}}] * 3, connection=conn)
+    print("written", job, *many, flush=True)
+    time.sleep(120)  # killed here, before the commit
+    conn.commit()
+"""
+
+
+@pytest.mark.slow
+def test_a_caller_killed_before_its_commit_leaves_no_job_and_no_row(
+    sched: Scheduler, engine: Engine, db_url: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "caller.py"
+    script.write_text(CRASH_SCRIPT.format(tests=str(Path(__file__).resolve().parent)))
+    proc = subprocess.Popen(
+        [sys.executable, str(script), db_url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("written"), proc.stderr.read() if proc.stderr else line
+        ids = [int(word) for word in line.split()[1:]]
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=10)  # and closes the pipes
+    assert proc.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while True:  # the server notices the closed socket and rolls the transaction back
+        try:
+            job = sched.enqueue("works", {"after": "crash"})  # the write lock is free again
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    assert count(sched, orders) == 0
+    assert [j.id for j in sched.jobs()] == [job]
+    assert all(sched.get_job(i) is None or i == job for i in ids)
