@@ -11,7 +11,7 @@ import threading
 import uuid
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import URL, Engine
 from sqlalchemy.engine import make_url
@@ -48,6 +48,9 @@ from ._store.jobs import Job
 from ._store.rows import SyncPlan, TaskRow
 from ._tick import TickReport
 from ._time import Clock, as_utc, iso
+
+if TYPE_CHECKING:
+    from ._background import BackgroundWorker
 
 #: Handlers registered with ``@app.handler`` land here unless a Scheduler gets its own
 #: ``registry``, so a worker started by the CLI sees the handlers its imports registered.
@@ -180,6 +183,7 @@ class Scheduler:
         self.clock: Clock = chosen.clock
         self._clock_meter = chosen.meter
         self.worker_id = worker_id or default_worker_id()
+        self._worker_id_pid = None if worker_id else os.getpid()  # the pid a default id names
         self._schema_ok = False
         self.dashboard_settings = DashboardSettings()  # the file's [dashboard], if any
         self._tick_recorded_at: datetime | None = None
@@ -811,8 +815,8 @@ class Scheduler:
         with self.store.read() as conn:
             return _audit.entries(conn, name, limit)
 
-    def runner(self) -> Runner:
-        w = self.worker_settings
+    def runner(self, settings: WorkerSettings | None = None) -> Runner:
+        w = settings or self.worker_settings
         return Runner(
             self.store,
             self.registry,
@@ -854,6 +858,29 @@ class Scheduler:
         (so they share its clients), sync ones and the database writes in threads."""
         await asyncio.to_thread(self.check_schema)
         return await self.runner().work_async(limit)
+
+    def background_worker(self, **worker_settings: Any) -> BackgroundWorker:
+        """The worker on a thread of this process, for a web application: a context manager
+        for ``with`` and ``async with`` (a FastAPI/Starlette lifespan), or ``.start()`` and
+        ``.stop()``. Keyword arguments override ``[worker]`` settings (``concurrency``,
+        ``queues``, ``shutdown_grace_seconds``, ...).
+
+        It ticks and runs jobs as ``scheduler worker`` does, without installing signal
+        handlers and without serving ``[metrics] port``; leaving the block stops it as SIGTERM
+        stops the command (running jobs get ``shutdown_grace_seconds``). Every process of a
+        server may run one (docs/howto/fastapi.md says what each costs).
+        """
+        from ._background import BackgroundWorker
+        from ._background import worker_settings as chosen
+
+        settings = chosen(self, worker_settings)
+        if self._worker_id_pid is not None and self._worker_id_pid != os.getpid():
+            # Built before a fork (gunicorn --preload): this process needs its own worker id
+            # and its own connections (SQLAlchemy's recipe for a pool inherited over fork).
+            self.worker_id = default_worker_id()
+            self._worker_id_pid = os.getpid()
+            self.store.engine.dispose(close=False)
+        return BackgroundWorker(self, settings)
 
     def purge(self) -> int:
         """Delete old succeeded (and much older aborted) jobs and their history, the decision
