@@ -10,6 +10,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Coroutine, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -465,12 +466,12 @@ class Scheduler:
         """``write`` in a transaction of our own (run again after a deadlock), or on the
         caller's ``connection`` (its transaction: nothing committed, nothing retried);
         ``committed`` runs after the commit, ours or the caller's."""
-        caller = self._caller(connection)
-        if caller is not None:
-            result = write(caller.conn)
-            if committed is not None:
-                caller.on_commit(committed)
-            return result
+        with self._caller(connection) as caller:
+            if caller is not None:
+                result = write(caller.conn)
+                if committed is not None:
+                    caller.on_commit(committed)
+                return result
 
         def attempt() -> _T:
             with self.store.begin() as conn:
@@ -481,17 +482,17 @@ class Scheduler:
             committed()
         return result
 
-    def _caller(self, connection: Any) -> CallerTransaction | None:
+    def _caller(self, connection: Any) -> AbstractContextManager[CallerTransaction | None]:
         """The caller's transaction to write in (``connection=``), checked; None: our own."""
         if connection is None:
             return self._ambient_transaction()
         self.check_schema()  # once per Scheduler, on our own connection
-        return adopt(connection, self.store)
+        return nullcontext(adopt(connection, self.store))
 
-    def _ambient_transaction(self) -> CallerTransaction | None:
+    def _ambient_transaction(self) -> AbstractContextManager[CallerTransaction | None]:
         """The transaction a write joins when no ``connection`` is given (None here: its own;
         ``scheduler.contrib.django`` joins Django's atomic block)."""
-        return None
+        return nullcontext(None)
 
     def get_row(self, name: str) -> TaskRow | None:
         with self.store.read() as conn:
@@ -548,8 +549,10 @@ class Scheduler:
             max_attempts=max_attempts,
             tenant=tenant,
         )
-        caller = self._caller(connection)
-        with _tracing.enqueue_span(handler, values["queue"]) as span:  # OpenTelemetry, if set
+        with (
+            self._caller(connection) as caller,
+            _tracing.enqueue_span(handler, values["queue"]) as span,  # OpenTelemetry, if set
+        ):
             values.update(span.fields)
             if caller is None:
                 job_id = _jobs.enqueue(self.store, values)
@@ -624,8 +627,10 @@ class Scheduler:
             values.append(self._item_values(index, item, now))
         if not values:
             return []
-        caller = self._caller(connection)
-        with _tracing.enqueue_many_span(len(values)) as span:  # OpenTelemetry, if configured
+        with (
+            self._caller(connection) as caller,
+            _tracing.enqueue_many_span(len(values)) as span,  # OpenTelemetry, if configured
+        ):
             if span.fields:
                 for one in values:
                     one.update(span.fields)

@@ -58,9 +58,10 @@ class CallerTransaction:
     on_commit: OnCommit
 
 
-def adopt(given: Any, store: Store) -> CallerTransaction:
+def adopt(given: Any, store: Store, *, same_database: bool = False) -> CallerTransaction:
     """``given`` (a ``Connection`` or ``Session``) checked for writing the scheduler's rows on
-    ``store``'s database, in the caller's transaction; else :class:`SchedulerError`."""
+    ``store``'s database, in the caller's transaction; else :class:`SchedulerError`.
+    ``same_database``: known to be the scheduler's database (not compared)."""
     if isinstance(given, Session):
         if not given.in_transaction():
             raise SchedulerError(
@@ -68,10 +69,10 @@ def adopt(given: Any, store: Store) -> CallerTransaction:
                 " (`with session.begin():`) or write with it first"
             )
         conn = given.connection()
-        checked = _checked(conn, store, "the Session's connection")
+        checked = _checked(conn, store, "the Session's connection", same_database)
         return CallerTransaction(checked, _after_session_commit(given))
     if isinstance(given, Connection):
-        checked = _checked(given, store, "the Connection")
+        checked = _checked(given, store, "the Connection", same_database)
         return CallerTransaction(checked, _after_connection_commit(given))
     raise SchedulerError(
         f"connection=: expected a SQLAlchemy Connection or Session in a transaction,"
@@ -79,7 +80,7 @@ def adopt(given: Any, store: Store) -> CallerTransaction:
     )
 
 
-def _checked(conn: Connection, store: Store, what: str) -> Connection:
+def _checked(conn: Connection, store: Store, what: str, known: bool = False) -> Connection:
     if conn.closed or conn.invalidated:
         raise SchedulerError(f"connection=: {what} is closed")
     if not conn.in_transaction():
@@ -92,7 +93,7 @@ def _checked(conn: Connection, store: Store, what: str) -> Connection:
             f"connection=: {what} is in autocommit: each statement would commit at once, not"
             " with your transaction; use a connection without isolation_level='AUTOCOMMIT'"
         )
-    if conn.engine is not store.engine:
+    if conn.engine is not store.engine and not known:
         same_database(conn, store, what)
     return conn
 
