@@ -648,8 +648,8 @@ class Scheduler:
         where = f"enqueue_many: item {index}"
         if not isinstance(item, Mapping):
             raise TypeError(f"{where}: expected a mapping, got {type(item).__name__}")
-        unknown = sorted(str(key) for key in item if key not in ENQUEUE_KEYS)
-        if unknown:
+        if not ENQUEUE_KEYS.issuperset(item):
+            unknown = sorted(str(key) for key in item if key not in ENQUEUE_KEYS)
             raise TypeError(
                 f"{where}: unknown key(s) {', '.join(unknown)}; expected"
                 f" {', '.join(sorted(ENQUEUE_KEYS))}"
