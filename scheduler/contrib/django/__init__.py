@@ -169,6 +169,7 @@ class DjangoScheduler(Scheduler):
         wrapper = connections[self.django_alias]
         if not wrapper.in_atomic_block:
             return contextlib.nullcontext(None)  # Django's autocommit: our own transaction
+        self.check_schema()  # once per Scheduler, on our own connection
         return self._on_django(wrapper)
 
     def _caller(
