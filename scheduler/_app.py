@@ -9,7 +9,8 @@ import socket
 import sys
 import threading
 import uuid
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -18,6 +19,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from . import _limits, _migrate, signals
+from ._caller import CallerTransaction, adopt
 from ._config import (
     AppConfig,
     DashboardSettings,
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     import asyncio
 
     from . import _backfill
+    from ._background import BackgroundWorker
     from ._runner import RecordedHook, Runner
     from ._tick import TickReport
 
@@ -99,6 +102,13 @@ _T = TypeVar("_T")
 
 
 _BACKFILL_ATTEMPTS = 20
+
+_INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
+
+#: The keys of an ``enqueue_many`` item: ``enqueue``'s arguments.
+ENQUEUE_KEYS = frozenset(
+    ("handler", "payload", "run_at", "priority", "dedupe_key", "queue", "max_attempts", "tenant")
+)
 
 
 def _sync_detail(path: str | None, plan: SyncPlan) -> str:
@@ -179,6 +189,7 @@ class Scheduler:
         self.clock: Clock = chosen.clock
         self._clock_meter = chosen.meter
         self.worker_id = worker_id or default_worker_id()
+        self._worker_id_pid = None if worker_id else os.getpid()  # the pid a default id names
         self._schema_ok = False
         self.dashboard_settings = DashboardSettings()  # the file's [dashboard], if any
         self._tick_recorded_at: datetime | None = None
@@ -378,33 +389,55 @@ class Scheduler:
             connections=self.settings.tick_connections,
         )
 
-    def enable(self, name: str, *, reason: str | None = None, actor: str | None = None) -> bool:
+    def enable(
+        self,
+        name: str,
+        *,
+        reason: str | None = None,
+        actor: str | None = None,
+        connection: Any = None,
+    ) -> bool:
         """Re-enable a disabled row (count reset, re-armed from now, its disable note cleared);
         False if it was enabled (nothing changed, nothing audited). The slots that passed while
         it was disabled are logged as ``paused``, and ``slot_skipped`` is sent for each after
-        the commit."""
+        the commit (with ``connection``: after the caller's commit)."""
         paused: list[tuple[datetime, str]] = []
 
         def change(conn: Any, row: str, now: datetime) -> bool:
             paused.clear()  # a retried transaction starts again
             return _rows.enable(conn, row, now, paused)
 
-        enabled = self._audited_row("enable", name, reason, actor, change)
-        for slot, why in paused:  # after the commit (never for a rollback)
-            signals.send(signals.slot_skipped, name, slot=slot, decision="paused", reason=why)
-        return enabled
+        def send() -> None:
+            for slot, why in paused:  # after the commit (never for a rollback)
+                signals.send(signals.slot_skipped, name, slot=slot, decision="paused", reason=why)
 
-    def disable(self, name: str, *, reason: str | None = None, actor: str | None = None) -> None:
+        return self._audited_row("enable", name, reason, actor, change, connection, send)
+
+    def disable(
+        self,
+        name: str,
+        *,
+        reason: str | None = None,
+        actor: str | None = None,
+        connection: Any = None,
+    ) -> None:
         """Pause a row until :meth:`enable`; ``reason`` is kept as its ``disabled_note``."""
 
         def change(conn: Any, row: str, now: datetime) -> None:
             _rows.disable(conn, row, now, note=_audit.check(actor, reason)[1])
 
-        self._audited_row("disable", name, reason, actor, change)
+        self._audited_row("disable", name, reason, actor, change, connection)
 
-    def trigger(self, name: str, *, reason: str | None = None, actor: str | None = None) -> None:
+    def trigger(
+        self,
+        name: str,
+        *,
+        reason: str | None = None,
+        actor: str | None = None,
+        connection: Any = None,
+    ) -> None:
         """Make a row due now (the tick's gates still apply)."""
-        self._audited_row("trigger", name, reason, actor, _rows.trigger)
+        self._audited_row("trigger", name, reason, actor, _rows.trigger, connection)
 
     def _audited_row(
         self,
@@ -413,20 +446,60 @@ class Scheduler:
         reason: str | None,
         actor: str | None,
         change: Callable[[Any, str, datetime], _T],
+        connection: Any = None,
+        committed: Callable[[], None] | None = None,
     ) -> _T:
         """``change`` and its audit entry in one transaction (none when it returned False:
-        nothing changed)."""
+        nothing changed): ours, or the caller's ``connection``; ``committed`` runs after the
+        commit."""
         who, why = _audit.check(actor, reason)
+
+        def write(conn: Any) -> _T:
+            now = self.clock()
+            result = change(conn, name, now)
+            if result is not False:
+                _audit.record(conn, now=now, actor=who, action=action, target=name, reason=why)
+            return result
+
+        return self._write(f"{action} {name}", write, connection, committed)
+
+    def _write(
+        self,
+        what: str,
+        write: Callable[[Any], _T],
+        connection: Any,
+        committed: Callable[[], None] | None = None,
+    ) -> _T:
+        """``write`` in a transaction of our own (run again after a deadlock), or on the
+        caller's ``connection`` (its transaction: nothing committed, nothing retried);
+        ``committed`` runs after the commit, ours or the caller's."""
+        with self._caller(connection) as caller:
+            if caller is not None:
+                result = write(caller.conn)
+                if committed is not None:
+                    caller.on_commit(committed)
+                return result
 
         def attempt() -> _T:
             with self.store.begin() as conn:
-                now = self.clock()
-                result = change(conn, name, now)
-                if result is not False:
-                    _audit.record(conn, now=now, actor=who, action=action, target=name, reason=why)
-                return result
+                return write(conn)
 
-        return retry(f"{action} {name}", attempt)
+        result = retry(what, attempt)
+        if committed is not None:
+            committed()
+        return result
+
+    def _caller(self, connection: Any) -> AbstractContextManager[CallerTransaction | None]:
+        """The caller's transaction to write in (``connection=``), checked; None: our own."""
+        if connection is None:
+            return self._ambient_transaction()
+        self.check_schema()  # once per Scheduler, on our own connection
+        return nullcontext(adopt(connection, self.store))
+
+    def _ambient_transaction(self) -> AbstractContextManager[CallerTransaction | None]:
+        """The transaction a write joins when no ``connection`` is given (None here: its own;
+        ``scheduler.contrib.django`` joins Django's atomic block)."""
+        return nullcontext(None)
 
     def get_row(self, name: str) -> TaskRow | None:
         with self.store.read() as conn:
@@ -457,19 +530,75 @@ class Scheduler:
         queue: str | None = None,
         max_attempts: int | None = None,
         tenant: str | None = None,
+        connection: Any = None,
     ) -> int:
         """Add a job; returns its id (with a ``dedupe_key``: the active job's id if any).
 
         ``tenant`` (1-63 ASCII letters, digits, ``_``, ``-``; a letter or digit first) is whose
         job it is: ``job.tenant``, and the ``@app.tenant_context`` is entered around its runs.
 
+        ``connection``: a SQLAlchemy ``Connection`` or ``Session`` in a transaction on this
+        scheduler's database; the job is written in that transaction and exists if and only if
+        the caller commits it (docs/explanation/transactional-enqueue.md). Without it, the job
+        is written and committed in a transaction of its own.
+
         Raises :class:`PayloadError` for a bad payload, ``ValueError`` for ``max_attempts``
         below 1, a bad ``tenant``, or a ``handler``, ``queue`` or ``dedupe_key`` longer than
-        its column.
+        its column; :class:`SchedulerError` for a ``connection`` that is not in a transaction,
+        in autocommit, or on another database.
         """
+        from . import _tracing
+
+        values = self._job_values(
+            handler,
+            payload,
+            now=self.clock(),
+            run_at=run_at,
+            priority=priority,
+            dedupe_key=dedupe_key,
+            queue=queue,
+            max_attempts=max_attempts,
+            tenant=tenant,
+        )
+        with (
+            self._caller(connection) as caller,
+            _tracing.enqueue_span(handler, values["queue"]) as span,  # OpenTelemetry, if set
+        ):
+            values.update(span.fields)
+            if caller is None:
+                job_id = _jobs.enqueue(self.store, values)
+            else:
+                job_id = _jobs.enqueue_on(caller.conn, values)
+            span.job_id(job_id)
+        return job_id
+
+    def _job_values(
+        self,
+        handler: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        now: datetime,
+        run_at: datetime | None = None,
+        priority: int = 0,
+        dedupe_key: str | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        tenant: str | None = None,
+    ) -> dict[str, Any]:
+        """A new job's column values, every argument checked (nothing is written here)."""
+        if not isinstance(handler, str) or not handler:
+            raise TypeError(f"handler: expected a non-empty string, got {handler!r}")
+        if run_at is not None and not isinstance(run_at, datetime):
+            raise TypeError(f"run_at: expected an aware datetime, got {type(run_at).__name__}")
+        for name, number in (("priority", priority), ("max_attempts", max_attempts)):
+            if number is None:
+                continue
+            if not isinstance(number, int) or isinstance(number, bool):
+                raise TypeError(f"{name}: expected an integer, got {number!r}")
+            if not _INT_MIN <= number <= _INT_MAX:  # an INTEGER column on every engine
+                raise ValueError(f"{name} {number} is outside {_INT_MIN}..{_INT_MAX}")
         if tenant is not None:
             _jobs.check_tenant(tenant)
-        from . import _tracing
         from ._payload import encode_payload
 
         text = encode_payload(payload, self.settings.payload_limit_bytes)
@@ -478,10 +607,10 @@ class Scheduler:
             raise ValueError("max_attempts must be at least 1")
         queue = queue or default_queue
         _jobs.check_text(handler=handler, queue=queue, dedupe_key=dedupe_key)
-        values = _jobs.new_job_values(
+        return _jobs.new_job_values(
             handler=handler,
             payload=text,
-            now=self.clock(),
+            now=now,
             run_at=as_utc(run_at) if run_at is not None else None,
             priority=priority,
             dedupe_key=dedupe_key,
@@ -489,11 +618,63 @@ class Scheduler:
             max_attempts=max_attempts or default_attempts,
             tenant=tenant,
         )
-        with _tracing.enqueue_span(handler, queue) as span:  # OpenTelemetry, if configured
-            values.update(span.fields)
-            job_id = _jobs.enqueue(self.store, values)
-            span.job_id(job_id)
-        return job_id
+
+    def enqueue_many(
+        self, items: Iterable[Mapping[str, Any]], *, connection: Any = None
+    ) -> list[int]:
+        """Add many jobs at once; returns their ids, in the items' order.
+
+        Each item is a mapping of :meth:`enqueue`'s keyword names: ``handler`` (required),
+        ``payload``, ``run_at``, ``priority``, ``dedupe_key``, ``queue``, ``max_attempts``,
+        ``tenant``. Every item is checked before anything is written (a bad one raises the
+        error :meth:`enqueue` would, its message starting with ``item N``), and then all of
+        them are written in one transaction, one statement per chunk of rows: all or nothing.
+
+        A dedupe key whose job is active gives that job's id; two items with the same key give
+        the same id (the first of them is the one enqueued, as two ``enqueue`` calls in a row
+        would). ``connection``: as for :meth:`enqueue`, the caller's transaction.
+        """
+        now = self.clock()
+        values: list[dict[str, Any]] = []
+        for index, item in enumerate(items):
+            values.append(self._item_values(index, item, now))
+        if not values:
+            return []
+        from . import _tracing
+
+        with (
+            self._caller(connection) as caller,
+            _tracing.enqueue_many_span(len(values)) as span,  # OpenTelemetry, if configured
+        ):
+            if span.fields:
+                for one in values:
+                    one.update(span.fields)
+            if caller is not None:
+                return _jobs.enqueue_many_on(caller.conn, values)
+
+            def attempt() -> list[int]:
+                with self.store.begin() as conn:
+                    return _jobs.enqueue_many_on(conn, values)
+
+            return retry("enqueue_many", attempt)
+
+    def _item_values(self, index: int, item: Any, now: datetime) -> dict[str, Any]:
+        """One item of :meth:`enqueue_many` as job values; errors name the item."""
+        where = f"enqueue_many: item {index}"
+        if not isinstance(item, Mapping):
+            raise TypeError(f"{where}: expected a mapping, got {type(item).__name__}")
+        if not ENQUEUE_KEYS.issuperset(item):
+            unknown = sorted(str(key) for key in item if key not in ENQUEUE_KEYS)
+            raise TypeError(
+                f"{where}: unknown key(s) {', '.join(unknown)}; expected"
+                f" {', '.join(sorted(ENQUEUE_KEYS))}"
+            )
+        if "handler" not in item:
+            raise TypeError(f"{where}: 'handler' is required")
+        try:
+            return self._job_values(**item, now=now)
+        except (ValueError, TypeError) as exc:  # PayloadError is a ValueError
+            raise type(exc)(f"{where}: {exc}") from None
 
     def get_job(self, job_id: int) -> Job | None:
         with self.store.read() as conn:
@@ -508,7 +689,14 @@ class Scheduler:
                 raise _jobs.JobStateError(f"no job {job_id}")
             return found
 
-    def retry_job(self, job_id: int, *, reason: str | None = None, actor: str | None = None) -> Job:
+    def retry_job(
+        self,
+        job_id: int,
+        *,
+        reason: str | None = None,
+        actor: str | None = None,
+        connection: Any = None,
+    ) -> Job:
         """Requeue an ``aborted`` job, attempts reset; a task's job becomes a fresh run of the
         task's current job. Raises :class:`~scheduler.JobStateError` in any other state."""
 
@@ -521,17 +709,22 @@ class Scheduler:
                 registered=self.registry.__contains__,
             )
 
-        return self._audited_job("retry", job_id, reason, actor, change)
+        return self._audited_job("retry", job_id, reason, actor, change, connection)
 
     def cancel_job(
-        self, job_id: int, *, reason: str | None = None, actor: str | None = None
+        self,
+        job_id: int,
+        *,
+        reason: str | None = None,
+        actor: str | None = None,
+        connection: Any = None,
     ) -> Job:
         """Abort a ``queued`` job with code ``cancelled``; refused in any other state."""
 
         def change(conn: Any, now: datetime) -> Job:
             return _jobs.cancel(conn, job_id, now=now)
 
-        return self._audited_job("cancel", job_id, reason, actor, change)
+        return self._audited_job("cancel", job_id, reason, actor, change, connection)
 
     def _audited_job(
         self,
@@ -540,28 +733,29 @@ class Scheduler:
         reason: str | None,
         actor: str | None,
         change: Callable[[Any, datetime], Job],
+        connection: Any = None,
     ) -> Job:
-        """``change`` and its audit entry in one transaction. The target is the job's task
-        (``audit NAME`` shows it), else ``job ID``; the detail names the job."""
+        """``change`` and its audit entry in one transaction (ours, or the caller's
+        ``connection``). The target is the job's task (``audit NAME`` shows it), else
+        ``job ID``; the detail names the job."""
         who, why = _audit.check(actor, reason)
 
-        def attempt() -> Job:
-            with self.store.begin() as conn:
-                now = self.clock()
-                job = change(conn, now)
-                target = job.task_name if job.task_name is not None else f"job {job.id}"
-                _audit.record(
-                    conn,
-                    now=now,
-                    actor=who,
-                    action=action,
-                    target=target,
-                    reason=why,
-                    detail=f"job {job.id}",
-                )
-                return job
+        def write(conn: Any) -> Job:
+            now = self.clock()
+            job = change(conn, now)
+            target = job.task_name if job.task_name is not None else f"job {job.id}"
+            _audit.record(
+                conn,
+                now=now,
+                actor=who,
+                action=action,
+                target=target,
+                reason=why,
+                detail=f"job {job.id}",
+            )
+            return job
 
-        return retry(f"{action}_job", attempt)
+        return self._write(f"{action}_job", write, connection)
 
     def jobs(
         self,
@@ -675,10 +869,10 @@ class Scheduler:
                 _known_task(conn, name)
             return found
 
-    def runner(self) -> Runner:
+    def runner(self, settings: WorkerSettings | None = None) -> Runner:
         from ._runner import Runner
 
-        w = self.worker_settings
+        w = settings or self.worker_settings
         return Runner(
             self.store,
             self.registry,
@@ -724,6 +918,29 @@ class Scheduler:
 
         await asyncio.to_thread(self.check_schema)
         return await self.runner().work_async(limit)
+
+    def background_worker(self, **worker_settings: Any) -> BackgroundWorker:
+        """The worker on a thread of this process, for a web application: a context manager
+        for ``with`` and ``async with`` (a FastAPI/Starlette lifespan), or ``.start()`` and
+        ``.stop()``. Keyword arguments override ``[worker]`` settings (``concurrency``,
+        ``queues``, ``shutdown_grace_seconds``, ...).
+
+        It ticks and runs jobs as ``scheduler worker`` does, without installing signal
+        handlers and without serving ``[metrics] port``; leaving the block stops it as SIGTERM
+        stops the command (running jobs get ``shutdown_grace_seconds``). Every process of a
+        server may run one (docs/howto/fastapi.md says what each costs).
+        """
+        from ._background import BackgroundWorker
+        from ._background import worker_settings as chosen
+
+        settings = chosen(self, worker_settings)
+        if self._worker_id_pid is not None and self._worker_id_pid != os.getpid():
+            # Built before a fork (gunicorn --preload): this process needs its own worker id
+            # and its own connections (SQLAlchemy's recipe for a pool inherited over fork).
+            self.worker_id = default_worker_id()
+            self._worker_id_pid = os.getpid()
+            self.store.engine.dispose(close=False)
+        return BackgroundWorker(self, settings)
 
     def purge(self) -> int:
         """Delete old succeeded (and much older aborted) jobs and their history, the decision

@@ -58,6 +58,7 @@ from ._telemetry import Telemetry
 
 if TYPE_CHECKING:
     from ._app import Scheduler
+    from ._config import WorkerSettings
 
 log = logging.getLogger(__name__)
 
@@ -127,11 +128,25 @@ class WorkerResult(NamedTuple):
 class Worker:
     """Runs ``app``'s tick and jobs until :meth:`stop` (or SIGTERM/SIGINT), or for one round."""
 
-    def __init__(self, app: Scheduler, *, concurrency: int | None = None) -> None:
+    def __init__(
+        self,
+        app: Scheduler,
+        *,
+        concurrency: int | None = None,
+        settings: WorkerSettings | None = None,
+        serve_metrics: bool = True,
+    ) -> None:
+        """``settings``: the worker's (default: ``app.worker_settings``); ``serve_metrics``:
+        listen on ``[metrics] port`` (off for a worker inside a web process, where every
+        process would bind it)."""
         self.app = app
-        self.concurrency = app.worker_settings.concurrency if concurrency is None else concurrency
-        self.async_concurrency = app.worker_settings.async_concurrency
-        self.runner = app.runner()
+        self.settings = settings = settings or app.worker_settings
+        self.concurrency = settings.concurrency if concurrency is None else concurrency
+        self.async_concurrency = settings.async_concurrency
+        self.runner = app.runner(settings)
+        self._serve_metrics = serve_metrics
+        #: Set once the worker has started (schema checked, registered): it runs from then on.
+        self.started = threading.Event()
         self._events: LoopThread | None = None  # started by run() when async handlers exist
         self._async_names: frozenset[str] = frozenset()
         self._sync_handlers = True  # any sync handler registered (else claim async only)
@@ -154,9 +169,11 @@ class Worker:
     def run(self, *, once: bool = False, install_signals: bool = False) -> WorkerResult:
         """Work until stopped; with ``once``: take over, tick, run what is ready, return."""
         self._start_up(self.app.check_schema)
-        self._telemetry.open()
+        if self._serve_metrics:
+            self._telemetry.open()
         self._start_up(lambda: self._touch(force=True))
         self._start_loop()
+        self.started.set()
         started = f"worker {self.app.worker_id} started (concurrency {self.concurrency}"
         if self._events is not None:
             started += f", async_concurrency {self.async_concurrency} on the event loop"
@@ -455,7 +472,7 @@ class Worker:
         _health.forget(self.app.store, seen_before=self.app.clock() - FORGET_WORKERS_AFTER)
 
     def _heartbeat(self) -> None:
-        period = max(self.app.worker_settings.lease_seconds / 3, 0.5)
+        period = max(self.settings.lease_seconds / 3, 0.5)
         wait = period
         while not self._beat_stop.wait(wait):
             wait = period
@@ -476,7 +493,7 @@ class Worker:
     def _drain(self) -> int:
         """Wait for running jobs within the grace; then cancel the async ones and give them
         ``CANCEL_WAIT_SECONDS`` to record that; return how many are still running."""
-        deadline = time.monotonic() + self.app.worker_settings.shutdown_grace_seconds
+        deadline = time.monotonic() + self.settings.shutdown_grace_seconds
         cancelled_at: float | None = None
         while True:
             self._wake.clear()

@@ -83,12 +83,20 @@ def _setup_logging(level: str) -> None:
 class State:
     """The configuration path; the Scheduler is built when a command first needs it."""
 
-    def __init__(self, config: str | None, config_given: bool = False) -> None:
+    def __init__(
+        self,
+        config: str | None,
+        config_given: bool = False,
+        factory: Callable[[], Scheduler] | None = None,
+    ) -> None:
         self.config = config
         self.config_given = config_given  # by --config (not the environment)
+        self.factory = factory  # builds the Scheduler instead of the file (manage.py scheduler)
         self.app: Scheduler | None = None
 
     def open(self, check_schema: bool = True) -> Scheduler:
+        if self.app is None and self.factory is not None:
+            self.app = self.factory()
         if self.app is None:
             if self.config is None and not os.path.exists(DEFAULT_CONFIG):
                 raise ConfigError(
@@ -161,7 +169,8 @@ def cli(ctx: click.Context, config: str | None, debug: bool, log_level: str) -> 
     """Recurring tasks with rerun-in-place, on a durable SQL job queue."""
     _setup_logging("DEBUG" if debug else log_level.upper())
     given = ctx.get_parameter_source("config") == click.core.ParameterSource.COMMANDLINE
-    state = State(config, config_given=given)
+    factory = ctx.obj if callable(ctx.obj) else None  # main(app_factory=...)
+    state = State(config, config_given=given, factory=factory)
     ctx.obj = state
     ctx.call_on_close(state.close)
 
@@ -830,10 +839,17 @@ def dashboard(state: State, host: str | None, port: int | None, hash_password: b
     uvicorn.run(asgi, host=bind, port=port or settings.port, log_level="warning")
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``scheduler`` command."""
+def main(
+    argv: list[str] | None = None,
+    *,
+    app_factory: Callable[[], Scheduler] | None = None,
+    prog_name: str = "scheduler",
+) -> None:
+    """Entry point of the ``scheduler`` command. ``app_factory`` builds the Scheduler that the
+    commands use, instead of the configuration file (``manage.py scheduler`` passes
+    ``scheduler.contrib.django.get_scheduler``)."""
     # A closed stdout (`scheduler status | head`) is left to click: exit 1, nothing printed.
-    cli.main(args=argv, prog_name="scheduler")
+    cli.main(args=argv, prog_name=prog_name, obj=app_factory)
 
 
 if __name__ == "__main__":

@@ -938,7 +938,8 @@ def load_benchmark() -> Any:
 # benchmarks/query_counts.py. A change here changes the queue's cost per job: make it on purpose.
 _COMMON = {
     "enqueue": (1, 1),  # INSERT
-    "enqueue with dedupe key": (2, 1),  # SELECT the active holder, INSERT
+    # INSERT ... ON CONFLICT DO NOTHING RETURNING id (a key held already: then its SELECT)
+    "enqueue with dedupe key": (1, 1),
     "claim": (1, 1),  # UPDATE ... RETURNING
     "complete (success)": (2, 1),  # guarded UPDATE, history INSERT
     "fail (retry later)": (2, 1),
@@ -960,6 +961,7 @@ EXPECTED_COUNTS = {
     # locked row; INSERT ... SELECT its entry), sent as one statement (issue 13).
     "mysql": {
         **_COMMON,
+        "enqueue with dedupe key": (2, 1),  # SELECT the active holder, INSERT (no ON CONFLICT)
         "claim": (3, 1),
         "work(), one job": (8, 5),
         "tick, one row dispatched": (2, 2),

@@ -40,6 +40,7 @@ from .. import _limits
 from .._errors import SchedulerError
 from .._payload import decode_payload
 from .._retry import retry
+from . import bulk as _bulk
 from .engine import Store, skip_locked
 from .tables import JobState, decisions, jobs, rows, runs
 
@@ -199,6 +200,8 @@ _INSERT_JOB = insert(jobs)
 _INSERT_RUNS = insert(runs)
 _BY_ID = select(jobs).where(jobs.c.id == _P("p_id"))
 _BY_KEY = select(jobs.c.id).where(jobs.c.dedupe_key == _P("p_key"))
+# MariaDB/MySQL after a duplicate key: a locking read sees the latest committed holder.
+_BY_KEY_LOCKED = _BY_KEY.with_for_update(read=True)
 # The guard of every transition after a claim: same owner, unexpired lease. Its state and
 # lease are written so that no index can serve them (COALESCE of a column that is never
 # NULL here, of a comparison that is false for NULL): the statements it guards choose their
@@ -250,25 +253,61 @@ def insert_job(conn: Connection, values: dict[str, Any]) -> int:
 
 
 def enqueue(store: Store, values: dict[str, Any]) -> int:
-    """Insert a job; with a dedupe key, return the active job holding that key if any."""
-    return retry("enqueue", lambda: _enqueue(store, values))
+    """Insert a job in a transaction of our own (run again after a deadlock); with a dedupe
+    key, return the active job holding that key if any."""
+
+    def attempt() -> int:
+        with store.begin() as conn:
+            return enqueue_on(conn, values)
+
+    return retry("enqueue", attempt)
 
 
-def _enqueue(store: Store, values: dict[str, Any]) -> int:
+def enqueue_on(conn: Connection, values: dict[str, Any]) -> int:
+    """Insert one job on ``conn``, in the transaction it is in (ours, or the caller's: then
+    nothing here commits, retries, or rolls the transaction back); returns its id, or with a
+    dedupe key the id of the active job holding that key if there is one.
+
+    The one place a single job is written by ``enqueue`` (the wake-up of a ready job goes here).
+
+    A key that another open transaction has just inserted makes this INSERT wait for that
+    transaction's end (the unique index's lock): if it commits, its job's id is returned; if it
+    rolls back, this job is inserted. On PostgreSQL and SQLite the INSERT says ``ON CONFLICT DO
+    NOTHING``, so a conflict never aborts the caller's transaction; on MariaDB/MySQL a duplicate
+    key rolls back that statement alone, and the holder is read with a locking read (which sees
+    the latest committed row under REPEATABLE READ too).
+    """
     key = values.get("dedupe_key")
-    for _ in range(5):
-        try:
-            with store.begin() as conn:
-                if key is not None:
-                    existing = conn.execute(_BY_KEY, {"p_key": key}).scalar()
-                    if existing is not None:
-                        return int(existing)
-                return insert_job(conn, values)
-        except IntegrityError:
-            if key is None:
-                raise
-            # Another process inserted the same key between our check and insert; look again.
-    raise RuntimeError(f"could not enqueue with dedupe key {key!r}: it kept changing hands")
+    if key is None:
+        return insert_job(conn, values)
+    upsert = _bulk.upsert_statement(conn.dialect)
+    for _ in range(_DEDUPE_ROUNDS):
+        if upsert is not None:
+            found = conn.execute(upsert, values).scalar()
+            if found is not None:
+                return int(found)
+            existing = conn.execute(_BY_KEY, {"p_key": key}).scalar()
+        else:
+            existing = conn.execute(_BY_KEY, {"p_key": key}).scalar()
+            if existing is None:
+                try:
+                    return insert_job(conn, values)
+                except IntegrityError:
+                    existing = conn.execute(_BY_KEY_LOCKED, {"p_key": key}).scalar()
+        if existing is not None:
+            return int(existing)
+        # The holder finished (its key released) between the INSERT and the read: again.
+    raise SchedulerError(f"could not enqueue with dedupe key {key!r}: it kept changing hands")
+
+
+def enqueue_many_on(conn: Connection, items: Sequence[dict[str, Any]]) -> list[int]:
+    """Insert jobs on ``conn``, in the transaction it is in, one statement per chunk; returns
+    their ids in ``items``' order (for a dedupe key: the active job's, also when an earlier
+    item of ``items`` has the same key). The one place jobs are written in bulk."""
+    return _bulk.insert_many(conn, items)
+
+
+_DEDUPE_ROUNDS = 5
 
 
 def get_job(conn: Connection, job_id: int) -> Job | None:
