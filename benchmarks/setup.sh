@@ -13,7 +13,7 @@ venv="$here/.venv"
 "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet \
-    -e "$root[postgres,mysql,metrics]" \
+    -e "$root[postgres,mysql,metrics,redis]" \
     "procrastinate>=3,<4" \
     "apscheduler>=3.11,<4" \
     "psycopg[binary,pool]>=3.2" \

@@ -18,15 +18,17 @@ from sqlalchemy import URL, Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
-from . import _limits, _migrate, signals
+from . import _limits, _migrate, _wakeup, signals
 from ._caller import CallerTransaction, adopt
 from ._config import (
     AppConfig,
+    BrokerSettings,
     DashboardSettings,
     MetricsSettings,
     SchedulerSettings,
     TaskSpec,
     WorkerSettings,
+    broker_settings,
     database_settings,
     load_config,
     normalize_database_url,
@@ -150,6 +152,8 @@ class Scheduler:
         metrics: MetricsSettings | None = None,
         database_source: str = "database_url",
         database: DatabaseSettings | None = None,
+        broker: BrokerSettings | None = None,
+        broker_url: str | None = None,
         **overrides: Any,
     ) -> None:
         if engine is None and database_url is None:
@@ -190,6 +194,18 @@ class Scheduler:
         self._clock_meter = chosen.meter
         self.worker_id = worker_id or default_worker_id()
         self._worker_id_pid = None if worker_id else os.getpid()  # the pid a default id names
+        # Wake-ups (scheduler/_wakeup.py): how this process's transactions announce new jobs.
+        if broker is None:
+            given = {"url": broker_url} if broker_url is not None else {}
+            broker = broker_settings(given, "Scheduler()")
+        self.broker_settings = broker
+        self._hub = _wakeup.configure(
+            self.store,
+            self.clock,
+            enabled=settings.wakeups,
+            broker_url=broker.url,
+            prefix=broker.prefix,
+        )
         self._schema_ok = False
         self.dashboard_settings = DashboardSettings()  # the file's [dashboard], if any
         self._tick_recorded_at: datetime | None = None
@@ -221,6 +237,7 @@ class Scheduler:
             metrics=config.metrics,
             database_source=config.database_source,
             database=config.database,
+            broker=config.broker,
             **kwargs,
         )
         app.dashboard_settings = config.dashboard
@@ -568,7 +585,7 @@ class Scheduler:
             if caller is None:
                 job_id = _jobs.enqueue(self.store, values)
             else:
-                job_id = _jobs.enqueue_on(caller.conn, values)
+                job_id = _jobs.enqueue_on(self.store, caller.conn, values)
             span.job_id(job_id)
         return job_id
 
@@ -650,11 +667,11 @@ class Scheduler:
                 for one in values:
                     one.update(span.fields)
             if caller is not None:
-                return _jobs.enqueue_many_on(caller.conn, values)
+                return _jobs.enqueue_many_on(self.store, caller.conn, values)
 
             def attempt() -> list[int]:
                 with self.store.begin() as conn:
-                    return _jobs.enqueue_many_on(conn, values)
+                    return _jobs.enqueue_many_on(self.store, conn, values)
 
             return retry("enqueue_many", attempt)
 
@@ -701,13 +718,15 @@ class Scheduler:
         task's current job. Raises :class:`~scheduler.JobStateError` in any other state."""
 
         def change(conn: Any, now: datetime) -> Job:
-            return _jobs.requeue(
+            job = _jobs.requeue(
                 conn,
                 job_id,
                 now=now,
                 job_defaults=self._job_defaults,
                 registered=self.registry.__contains__,
             )
+            _wakeup.announce(self.store, conn, [(job.queue, job.run_at)])
+            return job
 
         return self._audited_job("retry", job_id, reason, actor, change, connection)
 
@@ -829,6 +848,8 @@ class Scheduler:
                     job_defaults=self._job_defaults,
                 )
                 if not dry_run and result.enqueued:
+                    queue = result.queue or "default"
+                    _wakeup.announce(self.store, conn, [(queue, None)] * len(result.enqueued))
                     _audit.record(
                         conn,
                         now=now,
@@ -989,6 +1010,8 @@ class Scheduler:
         return _health.HealthSettings(
             max_consecutive_failures=self.settings.max_consecutive_failures,
             clock_mode=self.clock_mode,
+            broker_url=self.broker_settings.url,
+            wakeups=self.settings.wakeups,
         )
 
     def close(self) -> None:
@@ -996,6 +1019,7 @@ class Scheduler:
             if self._loop is not None:
                 self._loop.close()
                 self._loop = None
+        self._hub.close()
         self.store.dispose()
 
 

@@ -59,6 +59,8 @@ class BackfillResult:
     enqueued: dict[datetime, int] = field(default_factory=dict)
     """Slot -> the new job's id (empty on a dry run)."""
     dry_run: bool = False
+    queue: str | None = None
+    """The queue of the jobs it enqueued (the handler's)."""
 
     @property
     def pending(self) -> list[datetime]:
@@ -181,6 +183,7 @@ def backfill(
     if dry_run:
         return result
     max_attempts, queue = job_defaults(row.handler)
+    result.queue = queue
     for slot in result.pending:
         values = _jobs.new_job_values(
             handler=row.handler,

@@ -29,6 +29,8 @@ MAX_NAME_LENGTH = 200
 CLOCK_MODES = ("database", "local")  # [scheduler] clock (scheduler/_store/clock.py)
 POOLER_MODES = ("none", "transaction")  # [database] pooler
 DATABASE_ENV_PREFIX = "SCHEDULER_DATABASE_"  # SCHEDULER_DATABASE_<KEY> wins over [database] KEY
+BROKER_URL_ENV = "SCHEDULER_BROKER_URL"  # wins over [broker] url
+BROKER_SCHEMES = ("redis", "rediss", "unix")  # what redis-py's from_url opens
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class SchedulerSettings:
     backoff_max_seconds: float = 3600.0
     payload_limit_bytes: int = 65536
     clock: str = "database"  # or "local"; SQLite's is always local; env SCHEDULER_CLOCK wins
+    wakeups: bool = True  # announce new jobs to idle workers (NOTIFY, broker); false: poll only
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,14 @@ class WorkerSettings:
     purge_aborted_after_days: float = 30.0
     purge_audit_after_days: float = 365.0  # 0 = keep the audit log for ever
     queues: tuple[str, ...] = ("default",)
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    """The ``[broker]`` table: what carries wake-ups between processes besides the database."""
+
+    url: str | None = None  # redis://HOST:PORT/DB; None: no broker
+    prefix: str = "scheduler"  # the Redis keys' prefix: one per database sharing a Redis
 
 
 @dataclass(frozen=True)
@@ -134,6 +145,7 @@ class AppConfig:
     #: ``SCHEDULER_DATABASE_URL``.
     database_source: str = "[database] url"
     database: DatabaseSettings = field(default_factory=DatabaseSettings)
+    broker: BrokerSettings = BrokerSettings()
 
 
 _MISSING: Any = object()
@@ -299,6 +311,7 @@ def _scheduler_settings(data: Any, path: str) -> SchedulerSettings:
         backoff_max_seconds=t.number("backoff_max_seconds", positive=True),
         payload_limit_bytes=t.integer("payload_limit_bytes", 1),
         clock=t.text("clock"),
+        wakeups=t.flag("wakeups"),
     )
     if settings.clock not in CLOCK_MODES:
         raise t.error("clock", f"expected 'database' or 'local', got {settings.clock!r}")
@@ -323,6 +336,41 @@ def _worker_settings(data: Any, path: str) -> WorkerSettings:
     if not settings.queues:
         raise t.error("queues", "must name at least one queue")
     return settings
+
+
+def broker_url_problem(url: str) -> str | None:
+    """Why ``url`` is not a broker URL (redis://, rediss:// or unix://), or None."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError for a port that is not a number)
+    except ValueError as exc:
+        return f"not a URL: {exc}"
+    if parts.scheme not in BROKER_SCHEMES:
+        expected = ", ".join(f"{scheme}://" for scheme in BROKER_SCHEMES)
+        return f"expected a Redis URL ({expected}), got {parts.scheme or 'no'} scheme"
+    if parts.scheme != "unix" and not parts.hostname:
+        return "expected a host: redis://HOST:PORT/DB"
+    return None
+
+
+def broker_settings(data: Mapping[str, Any], where: str = "[broker]") -> BrokerSettings:
+    """Check the ``[broker]`` keys in ``data``; ``SCHEDULER_BROKER_URL`` (set and not empty)
+    wins over ``url``."""
+    t = _Table(data, where, asdict(BrokerSettings())).check_keys()
+    url = t.text("url") if "url" in t.data else None
+    source = t
+    if env := os.environ.get(BROKER_URL_ENV, "").strip():
+        url, source = env, _Table({"url": env}, BROKER_URL_ENV, t.defaults)
+    if url is not None and (problem := broker_url_problem(url)) is not None:
+        raise source.error("url", problem)
+    prefix = t.text("prefix")
+    if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,100}", prefix):
+        raise t.error(
+            "prefix", f"expected 1 to 100 letters, digits, '_', '.', ':', '-', got {prefix!r}"
+        )
+    return BrokerSettings(url=url, prefix=prefix)
 
 
 def _metrics_settings(data: Any, path: str) -> MetricsSettings:
@@ -548,6 +596,7 @@ def parse_config(data: Mapping[str, Any], path: str = "<config>") -> AppConfig:
         "worker": {},
         "metrics": {},
         "dashboard": {},
+        "broker": {},
         "tasks": [],
     }
     top = _Table(data, path, sections)
@@ -577,6 +626,7 @@ def parse_config(data: Mapping[str, Any], path: str = "<config>") -> AppConfig:
         metrics=_metrics_settings(top.get("metrics", "a table", _is_table), path),
         dashboard=_dashboard_settings(top.get("dashboard", "a table", _is_table), path),
         database=database_settings,
+        broker=broker_settings(top.get("broker", "a table", _is_table), f"{path}: [broker]"),
     )
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy import Connection, func, select
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from . import signals
+from . import _wakeup, signals
 from ._errors import LeaseLost, PermanentError
 from ._handlers import Handler, Registry, error_code, is_async_callable
 from ._retry import retry
@@ -616,7 +616,13 @@ class Runner:
 
     def _finish(self, items: list[_jobs.Finish]) -> list[Job | None]:
         with self.store.begin() as conn:
-            return _jobs.finish_many(conn, items, owner=self.owner, now=self.clock())
+            views = _jobs.finish_many(conn, items, owner=self.owner, now=self.clock())
+            # A retry (at the end of its back-off) or a job queued again at once (an async
+            # run cancelled at shutdown): the workers learn of it (wake-ups, a timer).
+            again = [(v.queue, v.run_at) for v in views if v is not None and v.state == QUEUED]
+            if again:
+                _wakeup.announce(self.store, conn, again)
+            return views
 
     def _signal_aborted(self, job: Job, code: str) -> None:
         with self.store.read() as conn:

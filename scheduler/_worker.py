@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
+from . import _wakeup
 from ._loop import LoopThread
 from ._runner import Recorder
 from ._store import health as _health
@@ -165,6 +166,8 @@ class Worker:
         self._ticked_at: datetime | None = None
         self._avg_seconds: float | None = None  # moving average of handler run time
         self._slow_at = float("-inf")  # when a job last took SLOW_JOB_SECONDS or more
+        self._listening: _wakeup.Listening | None = None  # wake-ups (scheduler/_wakeup.py)
+        self._next_takeover = float("-inf")  # time.monotonic() of the next look for expiries
 
     def run(self, *, once: bool = False, install_signals: bool = False) -> WorkerResult:
         """Work until stopped; with ``once``: take over, tick, run what is ready, return."""
@@ -173,10 +176,14 @@ class Worker:
             self._telemetry.open()
         self._start_up(lambda: self._touch(force=True))
         self._start_loop()
+        if not once and self.concurrency > 0:
+            self._listen()
         self.started.set()
         started = f"worker {self.app.worker_id} started (concurrency {self.concurrency}"
         if self._events is not None:
             started += f", async_concurrency {self.async_concurrency} on the event loop"
+        if self._listening is not None:
+            started += f", wake-ups: {_wakeup.describe(self._listening)}"
         _log(logging.INFO, "worker_started", started + ")")
         previous = self._install_signals() if install_signals else {}
         pool = ThreadPoolExecutor(max(self.concurrency, 1), thread_name_prefix="scheduler-job")
@@ -195,6 +202,8 @@ class Worker:
             pool.shutdown(wait=not left, cancel_futures=True)
             if self._events is not None:
                 self._events.close()
+            if self._listening is not None:
+                self._listening.close()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             self._keep_tick_on_record()
@@ -225,6 +234,32 @@ class Worker:
         if self._async_names and self.concurrency > 0:
             self._events = LoopThread()
             self.runner.coroutine_runner = self._events.run  # async hooks of sync handlers
+
+    def _listen(self) -> None:
+        """Hear of new jobs at once (scheduler/_wakeup.py): each wake-up sets ``_wake``, as a
+        finished job does; the poll below stays as the safety net."""
+        waiter = _wakeup.Waiter(
+            self._wake, self.app.worker_settings.queues, self.app.clock, self._has_free
+        )
+        try:
+            self._listening = _wakeup.listen(self.app, waiter)
+        except Exception as exc:  # never a reason not to work: the poll finds the jobs
+            self._log_error("starting wake-ups", exc, None)
+
+    def _has_free(self) -> bool:
+        """Whether a claim now could take a job (a slot of either kind is free)."""
+        if self._stopping:
+            return False
+        with self._lock:
+            running_async, awaiting = len(self._async), len(self._awaiting)
+            sync_busy = len(self._running) - running_async
+        if self._events is not None:
+            limit = self.async_concurrency
+            if min(limit - awaiting, 2 * limit - running_async) > 0:
+                return True
+            if not self._sync_handlers:
+                return False
+        return sync_busy < self._capacity()
 
     def _keep_tick_on_record(self) -> None:
         """The worker's last tick stays on record after it stops (its own row goes), as
@@ -366,7 +401,7 @@ class Worker:
         free = sync_free + loop_free
         if free <= 0 or self._stopping:
             return None
-        taken = self.runner.take_over(limit=free)
+        taken = self._take_over(free)
         self._submit(pool, taken)  # before claiming: a failed claim must not strand them
         on_loop = sum(1 for job in taken if self._on_loop(job))
         sync_free -= len(taken) - on_loop
@@ -389,6 +424,16 @@ class Worker:
         self._submit(pool, claimed)
         handed = len(taken) + len(claimed)
         return None if unlooked and not handed else handed
+
+    def _take_over(self, free: int) -> list[Job]:
+        """Jobs of stopped workers to run again: looked for at most once per ``POLL_SECONDS``
+        (a lease that expired is found within it, as at the poll), so that a claim woken by a
+        new job, or by a finished one, does not wait for that read first."""
+        now = time.monotonic()
+        if now < self._next_takeover:
+            return []
+        self._next_takeover = now + POLL_SECONDS * 0.9  # the next poll finds it due
+        return self.runner.take_over(limit=free)
 
     def _on_loop(self, job: Job) -> bool:
         return self._events is not None and job.handler in self._async_names
@@ -464,6 +509,8 @@ class Worker:
             self._async.discard(job_id)
             self._awaiting.discard(job_id)
         self._wake.set()
+        if self._listening is not None:
+            self._listening.slot_freed()
 
     def _housekeeping(self) -> None:
         if purged := self.app.purge():

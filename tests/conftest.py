@@ -219,11 +219,13 @@ def make_url(backend: str, tmp_path: Path, sqlite_template: Path) -> str:
 def backend_url(
     request: pytest.FixtureRequest, backend: str, tmp_path: Path, template: Path
 ) -> str:
-    """:func:`make_url`; through PgBouncer, the test runs with the pooler setting in its
-    environment (worker processes it starts inherit it)."""
+    """:func:`make_url`; through PgBouncer, the test runs with the pooler setting and a direct
+    ``listen_url`` in its environment (worker processes it starts inherit them)."""
     if backend == "pgbouncer":
         monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
         monkeypatch.setenv("SCHEDULER_DATABASE_POOLER", "transaction")
+        # As in production behind a pooler: wake-ups LISTEN on a direct connection.
+        monkeypatch.setenv("SCHEDULER_DATABASE_LISTEN_URL", PG_URL)
     return make_url(backend, tmp_path, template)
 
 

@@ -116,10 +116,11 @@ def start_worker(directory: Path, url: str, port: int) -> subprocess.Popen[str]:
         f'[metrics]\nport = {port}\nhost = "127.0.0.1"\ncache_seconds = 0.2\n\n'
         '[[tasks]]\nname = "every-second"\ncron = "* * * * * *"\nhandler = "m.ok"\n'
     )
-    env = {  # the pooler setting of a pgbouncer case is kept
+    env = {  # a pgbouncer case's pooler settings are kept
         k: v
         for k, v in os.environ.items()
-        if not k.startswith("SCHEDULER_") or k == "SCHEDULER_DATABASE_POOLER"
+        if not k.startswith("SCHEDULER_")
+        or k in ("SCHEDULER_DATABASE_POOLER", "SCHEDULER_DATABASE_LISTEN_URL")
     }
     command = [sys.executable, "-m", "scheduler.cli", "--config", str(config)]
     for step in ("migrate", "sync"):

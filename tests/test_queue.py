@@ -954,8 +954,10 @@ _COMMON = {
 EXPECTED_COUNTS = {
     "sqlite": _COMMON,
     # The dispatch is one statement (compare-and-swap, INSERT and log entry in one CTE), its own
-    # transaction.
-    "postgresql": {**_COMMON, "tick, one row dispatched": (2, 2)},
+    # transaction; then the batch's one wake-up NOTIFY, after its rows' commits (issue 26).
+    # A retry's NOTIFY rides in the transaction that records it (one per batch of outcomes);
+    # an enqueue's rides in its INSERT ... RETURNING (no statement of its own).
+    "postgresql": {**_COMMON, "tick, one row dispatched": (3, 3), "fail (retry later)": (3, 1)},
     # No UPDATE ... RETURNING: SELECT ... SKIP LOCKED, UPDATE, SELECT the jobs won.
     # The tick's dispatch is one query (INSERT job; the swap, which refuses to wait for a
     # locked row; INSERT ... SELECT its entry), sent as one statement (issue 13).

@@ -54,10 +54,11 @@ class WorkerProcess:
 
     def __init__(self, cwd: Path, config: Path, *args: str) -> None:
         self.log = cwd / f"worker-{time.monotonic_ns()}.log"
-        env = {  # the pooler setting of a pgbouncer case is kept
+        env = {  # a pgbouncer case's pooler settings are kept
             k: v
             for k, v in os.environ.items()
-            if not k.startswith("SCHEDULER_") or k == "SCHEDULER_DATABASE_POOLER"
+            if not k.startswith("SCHEDULER_")
+            or k in ("SCHEDULER_DATABASE_POOLER", "SCHEDULER_DATABASE_LISTEN_URL")
         }
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(

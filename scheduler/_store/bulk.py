@@ -74,6 +74,11 @@ def upsert_statement(dialect: Dialect) -> Any | None:
     return _upsert(dialect.name)
 
 
+def upsert_by_name(name: str) -> Any:
+    """:func:`upsert_statement` of the dialect called ``name`` ("postgresql" or "sqlite")."""
+    return _upsert(name)
+
+
 @functools.cache
 def _upsert(name: str) -> Any:
     make = postgresql.insert if name == "postgresql" else sqlite.insert

@@ -25,6 +25,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
+from .. import _wakeup
 from .._time import in_zone, iso
 from . import horizon as _horizon
 from . import jobs as _jobs
@@ -226,6 +227,8 @@ class HealthSettings:
     max_consecutive_failures: int = 5  # [scheduler]'s, for rows without their own limit
     clock_mode: str = "database"  # [scheduler] clock: whose clock decides ("database", "local")
     thresholds: Thresholds = field(default_factory=Thresholds)
+    broker_url: str | None = None  # [broker] url: status pings it (wake-ups)
+    wakeups: bool = True  # [scheduler] wakeups
 
 
 @dataclass(frozen=True)
@@ -444,6 +447,11 @@ def _read(
         if not w.id.endswith(TICK_SUFFIX) and not facts.older(w.last_seen_at, limits.worker_gone)
     )
     warnings = [line for warning in WARNINGS for line in warning(facts)]
+    warnings.extend(
+        _wakeup.status_warnings(
+            store.engine.dialect.name, store.database, settings.broker_url, settings.wakeups
+        )
+    )
     data = {
         "rows": [_row(r, backfilled.get(r.name)) for r in task_rows],
         "jobs": counts,

@@ -36,7 +36,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.dml import Update
 from sqlalchemy.sql.elements import BindParameter
 
-from .. import _limits
+from .. import _limits, _wakeup
 from .._errors import SchedulerError
 from .._payload import decode_payload
 from .._retry import retry
@@ -197,6 +197,7 @@ def by_id(statement: _U) -> _U:
 # than running it on SQLite. Parameters are named p_* where a SET clause names the column.
 _P = bindparam
 _INSERT_JOB = insert(jobs)
+_INSERT_NOTIFYING = insert(jobs).returning(jobs.c.id, _wakeup.NOTIFY_COLUMN)
 _INSERT_RUNS = insert(runs)
 _BY_ID = select(jobs).where(jobs.c.id == _P("p_id"))
 _BY_KEY = select(jobs.c.id).where(jobs.c.dedupe_key == _P("p_key"))
@@ -258,12 +259,12 @@ def enqueue(store: Store, values: dict[str, Any]) -> int:
 
     def attempt() -> int:
         with store.begin() as conn:
-            return enqueue_on(conn, values)
+            return enqueue_on(store, conn, values)
 
     return retry("enqueue", attempt)
 
 
-def enqueue_on(conn: Connection, values: dict[str, Any]) -> int:
+def enqueue_on(store: Store, conn: Connection, values: dict[str, Any]) -> int:
     """Insert one job on ``conn``, in the transaction it is in (ours, or the caller's: then
     nothing here commits, retries, or rolls the transaction back); returns its id, or with a
     dedupe key the id of the active job holding that key if there is one.
@@ -278,33 +279,68 @@ def enqueue_on(conn: Connection, values: dict[str, Any]) -> int:
     the latest committed row under REPEATABLE READ too).
     """
     key = values.get("dedupe_key")
+    ready = [(values["queue"], values["run_at"])]
+    fold = _wakeup.folds(store, conn)  # PostgreSQL: the NOTIFY rides in the INSERT
     if key is None:
-        return insert_job(conn, values)
+        if not fold:
+            job_id = insert_job(conn, values)
+            _wakeup.announce(store, conn, ready)
+            return job_id
+        found = conn.execute(_INSERT_NOTIFYING, _notifying(values)).first()
+        assert found is not None
+        _wakeup.announced(store, conn, ready)
+        return int(found[0])
     upsert = _bulk.upsert_statement(conn.dialect)
     for _ in range(_DEDUPE_ROUNDS):
         if upsert is not None:
-            found = conn.execute(upsert, values).scalar()
-            if found is not None:
+            if fold:
+                row = conn.execute(_upsert_notifying(conn.dialect.name), _notifying(values))
+                found = row.scalar()
+            else:
+                found = conn.execute(upsert, values).scalar()
+            if found is not None:  # inserted (a conflict returns no row, and notifies nobody)
+                if fold:
+                    _wakeup.announced(store, conn, ready)
+                else:
+                    _wakeup.announce(store, conn, ready)
                 return int(found)
             existing = conn.execute(_BY_KEY, {"p_key": key}).scalar()
         else:
             existing = conn.execute(_BY_KEY, {"p_key": key}).scalar()
             if existing is None:
                 try:
-                    return insert_job(conn, values)
+                    job_id = insert_job(conn, values)
                 except IntegrityError:
                     existing = conn.execute(_BY_KEY_LOCKED, {"p_key": key}).scalar()
+                else:
+                    _wakeup.announce(store, conn, ready)
+                    return job_id
         if existing is not None:
             return int(existing)
         # The holder finished (its key released) between the INSERT and the read: again.
     raise SchedulerError(f"could not enqueue with dedupe key {key!r}: it kept changing hands")
 
 
-def enqueue_many_on(conn: Connection, items: Sequence[dict[str, Any]]) -> list[int]:
+def _notifying(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with the ``p_wakeup`` parameter of :data:`_wakeup.NOTIFY_COLUMN`."""
+    payload = _wakeup.notify_payload(values["queue"], values["run_at"], values["created_at"])
+    return {**values, "p_wakeup": payload}
+
+
+@functools.cache
+def _upsert_notifying(dialect_name: str) -> Any:
+    """PostgreSQL's dedupe-key INSERT that also notifies the workers of the job it inserted."""
+    return _bulk.upsert_by_name(dialect_name).returning(_wakeup.NOTIFY_COLUMN)
+
+
+def enqueue_many_on(store: Store, conn: Connection, items: Sequence[dict[str, Any]]) -> list[int]:
     """Insert jobs on ``conn``, in the transaction it is in, one statement per chunk; returns
     their ids in ``items``' order (for a dedupe key: the active job's, also when an earlier
-    item of ``items`` has the same key). The one place jobs are written in bulk."""
-    return _bulk.insert_many(conn, items)
+    item of ``items`` has the same key), and announces them to the workers (one wake-up for
+    the whole call, at commit). The one place jobs are written in bulk."""
+    ids = _bulk.insert_many(conn, items)
+    _wakeup.announce(store, conn, [(item["queue"], item["run_at"]) for item in items])
+    return ids
 
 
 _DEDUPE_ROUNDS = 5

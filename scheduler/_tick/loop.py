@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from .. import _cron, _tracing
+from .. import _cron, _tracing, _wakeup
 from .._dispatch import Carried, Decided, Dispatcher, JobDefaults, Work, dispatcher_for
 from .._dispatch.portable import SendDispatched
 from .._store import Store
@@ -208,10 +208,35 @@ def _carry_out(
     if trace.wanted and any(d.action in _CREATES for _, d in decided):
         work = dataclasses.replace(work, traceparent=trace.begin())  # the jobs carry the span
     carried = dispatcher.carry_out(store, conn, decided, work) if decided else Carried()
+    _announce(store, conn, batch, carried, work)
     if failure is not None:
         carried.failures.append(failure)
     seen.update(carried.done)
     return _settle(conn, batch, carried, report)
+
+
+_READY = (Outcome.DISPATCHED, Outcome.RERUN)
+
+
+def _announce(
+    store: Store, conn: Connection, batch: list[DueRow], carried: Carried, work: Work
+) -> None:
+    """Wake the workers for the jobs this batch dispatched or reran: one announcement for the
+    batch, after its rows' commits (each row is its own transaction; none of a rolled-back row
+    is announced). A failure to announce costs the workers' poll interval, never the tick."""
+    ready: list[_wakeup.Ready] = []
+    for row in batch:
+        done = carried.done.get(row.id)
+        if done is not None and done[0] in _READY:
+            ready.append((work.job_defaults(row.handler)[1], work.now))  # the job's run_at
+    if not ready:
+        return
+    try:
+        _wakeup.announce(store, conn, ready)
+    except Exception as exc:
+        if conn.in_transaction():
+            conn.rollback()
+        log.warning("tick: could not announce %s new job(s): %s", len(ready), exc)
 
 
 def _settle(conn: Connection, rows: list[DueRow], carried: Carried, report: TickReport) -> int:
