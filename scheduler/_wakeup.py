@@ -32,6 +32,7 @@ it keeps a timer for the earliest such instant instead of waiting for the poll.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import inspect
 import logging
@@ -308,6 +309,17 @@ def _after(hub: Hub, conn: Connection, wake: _Wake) -> None:
         conn.info[_PENDING] = pending = _Wake()
         conn.info[_PENDING + "_hub"] = hub
     pending.merge(wake)
+
+
+def detach(conn: Connection) -> Callable[[], None] | None:
+    """What the open transaction on ``conn`` announced (for the broker and this process's
+    workers), taken off it: a function that publishes it, for a transaction that someone
+    else commits (Django's ``on_commit``); None when there is nothing to publish."""
+    pending: _Wake | None = conn.info.pop(_PENDING, None)
+    hub: Hub | None = conn.info.get(_PENDING + "_hub")
+    if pending is None or hub is None:
+        return None
+    return lambda: _publish(hub, pending)
 
 
 _hooked: weakref.WeakSet[Engine] = weakref.WeakSet()
@@ -800,6 +812,16 @@ def show_url(url: str) -> str:
     return parts._replace(netloc=netloc).geturl()
 
 
+FLUSH_SECONDS = 2.0  # how long closing (or the interpreter's exit) waits for the last push
+_publishers: weakref.WeakSet[_Publisher] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_publishers() -> None:
+    for publisher in list(_publishers):
+        publisher.close()
+
+
 class _Publisher:
     """Pushes the committed announcements to the broker from a thread of its own, so an
     enqueue never waits for Redis: whatever piled up meanwhile goes in one round trip (a burst
@@ -816,26 +838,35 @@ class _Publisher:
         self._backoff = RECONNECT_MIN
         self._thread = threading.Thread(target=self._loop, name="scheduler-publish", daemon=True)
         self._thread.start()
+        _publishers.add(self)
 
     def submit(self, wake: _Wake) -> None:
         with self._cond:
             self._pending.merge(wake)
             self._cond.notify()
 
-    def close(self) -> None:
+    def close(self, timeout: float = FLUSH_SECONDS) -> None:
+        """Stop, after publishing what is pending (waiting up to ``timeout`` for it): a
+        process that enqueues and exits (a script, a management command) still wakes the
+        workers."""
         with self._cond:
             self._closed = True
             self._cond.notify()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
 
     def _loop(self) -> None:
         while True:
             with self._cond:
                 while not self._pending and not self._closed:
                     self._cond.wait()
-                if self._closed:
-                    return
+                if not self._pending:
+                    return  # closed, and nothing left
                 wake, self._pending = self._pending, _Wake()
+                closing = self._closed
             if time.monotonic() < self._down_until:
+                if closing:
+                    return
                 continue  # the broker is down: the workers poll
             try:
                 self._send(wake)

@@ -26,8 +26,10 @@ import httpx2
 import pytest
 from conftest import make_url
 from sqlalchemy import create_engine, text
+from test_wakeup import RedisServer
+from test_wakeup import redis_server as redis_server  # the fixture
 
-from scheduler import Scheduler
+from scheduler import Scheduler, _wakeup
 from scheduler._handlers import Registry
 
 pytest.importorskip("django")
@@ -37,8 +39,10 @@ PROJECT = Path(__file__).resolve().parent / "djangoproject"
 DJANGO_TABLES = ("shop_order", "django_content_type", "django_migrations")
 
 
-def manage(url: str, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SCHEDULER_TEST_DJANGO_URL": url}
+def manage(
+    url: str, *args: str, ok: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **(env or {}), "SCHEDULER_TEST_DJANGO_URL": url}
     for name in ("SCHEDULER_CONFIG", "SCHEDULER_DATABASE_URL", "DJANGO_SETTINGS_MODULE"):
         env.pop(name, None)
     done = subprocess.run(
@@ -86,7 +90,11 @@ def django_url(
         path = tmp_path / "django.db"
         shutil.copy(_migrated[backend], path)
         return f"sqlite:///{path}"
-    url = make_url(backend, tmp_path, sqlite_template)
+    return with_django_tables(backend, make_url(backend, tmp_path, sqlite_template))
+
+
+def with_django_tables(backend: str, url: str) -> str:
+    """``url`` (a server's, emptied by conftest) with the project's tables, empty."""
     if backend not in _migrated:
         for table in DJANGO_TABLES:  # left by an earlier run in this schema
             sql(url, f"DROP TABLE IF EXISTS {table}")
@@ -187,3 +195,28 @@ def test_runserver_places_orders_over_http(django_url: str, sched: Scheduler) ->
     finally:
         server.terminate()
         server.communicate(timeout=30)
+
+
+def test_a_broker_hears_of_jobs_at_djangos_commit_and_never_of_a_rollback(
+    tmp_path: Path, sqlite_template: Path, redis_server: RedisServer
+) -> None:
+    """MariaDB, which cannot NOTIFY, wakes the workers through the broker: the jobs written in
+    an atomic block are announced when Django commits it (not when SQLAlchemy, which commits
+    nothing of Django's, closes its connection), and a block that rolls back announces none."""
+    url = with_django_tables("mariadb", make_url("mariadb", tmp_path, sqlite_template))
+    env = {"SCHEDULER_BROKER_URL": redis_server.url}
+    client = redis_server.client()
+    key = _wakeup.token_key("scheduler", "default")
+    try:
+        manage(url, "scheduler", "sync", env=env)
+        manage(url, "shop_order", "pen", "--many", "2", "--fail", ok=False, env=env)
+        time.sleep(0.5)
+        assert client.llen(key) == 0
+        manage(url, "shop_order", "book", "--many", "3", env=env)
+        # One token per ready job: the receipt and the three more.
+        deadline = time.monotonic() + 10
+        while client.llen(key) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.llen(key) == 4
+    finally:
+        client.close()

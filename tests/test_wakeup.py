@@ -301,6 +301,31 @@ def test_a_rolled_back_enqueue_wakes_nobody_through_the_broker(
         app.close()
 
 
+@pytest.mark.parametrize("close", [False, True], ids=["exit", "close"])
+def test_a_process_that_enqueues_and_exits_still_wakes_the_workers(
+    redis_server: RedisServer, tmp_path: Path, sqlite_template: Path, close: bool
+) -> None:
+    """A script (a cron job, a management command) that enqueues and exits at once, with or
+    without closing its Scheduler: the push to the broker, made by a thread of its own, goes
+    out before the process ends."""
+    url = make_url("sqlite", tmp_path, sqlite_template)
+    code = (
+        "import sys\n"
+        "from scheduler import Scheduler\n"
+        "app = Scheduler(sys.argv[1], broker_url=sys.argv[2])\n"
+        "app.enqueue('wake.stamp')\n"
+        "app.enqueue('wake.stamp', queue='reports')\n"
+        + ("app.close()\n" if close else "")
+    )
+    subprocess.run([sys.executable, "-c", code, url, redis_server.url], check=True, timeout=60)
+    client = redis_server.client()
+    try:
+        assert client.llen(_wakeup.token_key("scheduler", "default")) == 1
+        assert client.llen(_wakeup.token_key("scheduler", "reports")) == 1
+    finally:
+        client.close()
+
+
 def test_a_rolled_back_enqueue_wakes_nobody_in_the_process(tmp_path: Path, sqlite_template: Path):
     url = make_url("sqlite", tmp_path, sqlite_template)
     app = make_app(url)

@@ -46,6 +46,7 @@ from ..._app import Scheduler
 from ..._caller import CallerTransaction, adopt
 from ..._config import AppConfig, load_config, parse_config
 from ..._errors import SchedulerError
+from ..._wakeup import detach as _detach_wakeup
 from . import _sqlite
 
 __all__ = ["DjangoScheduler", "get_scheduler"]
@@ -195,6 +196,11 @@ class DjangoScheduler(Scheduler):
             checked = adopt(conn, self.store, same_database=wrapper.alias == self.django_alias)
             alias = wrapper.alias
             yield CallerTransaction(checked.conn, lambda fn: transaction.on_commit(fn, using=alias))
+            # Django commits, not SQLAlchemy (whose commit event would publish): the wake-up
+            # of the broker and of this process's workers goes out at Django's commit.
+            publish = _detach_wakeup(checked.conn)
+            if publish is not None:
+                transaction.on_commit(publish, using=alias)
 
 
 class _Borrowed:
