@@ -181,6 +181,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             fcntl.flock(gate, fcntl.LOCK_UN)
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one and a half test processes per CPU (at least 2; ``--maxprocesses`` caps
+    it): most tests wait on worker processes, servers and sockets more than they compute."""
+    return max(2, (os.cpu_count() or 1) * 3 // 2)
+
+
 # The PostgreSQL cases run once more through PgBouncer in the modules whose behaviour depends
 # on the connection under it: transactions, session settings, locks, LISTEN, cuts and crashes
 # (the rest read and write the same rows either way, and all of them through the pooler would

@@ -314,8 +314,7 @@ def test_a_process_that_enqueues_and_exits_still_wakes_the_workers(
         "from scheduler import Scheduler\n"
         "app = Scheduler(sys.argv[1], broker_url=sys.argv[2])\n"
         "app.enqueue('wake.stamp')\n"
-        "app.enqueue('wake.stamp', queue='reports')\n"
-        + ("app.close()\n" if close else "")
+        "app.enqueue('wake.stamp', queue='reports')\n" + ("app.close()\n" if close else "")
     )
     subprocess.run([sys.executable, "-c", code, url, redis_server.url], check=True, timeout=60)
     client = redis_server.client()

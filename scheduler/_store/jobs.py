@@ -404,10 +404,14 @@ def _claim_statements(
         # Materialized, the locking SELECT runs once. As a plain IN-subquery PostgreSQL may plan
         # a nested-loop semi-join that reruns it per outer row, each run skipping the rows this
         # statement already locked: claim(limit=1) then claimed every ready job.
+        # Its recheck of the state is written as _HELD's is, so that no index serves it: with
+        # `state = 'queued'` PostgreSQL could take the ready index for the UPDATE's side of
+        # the join (its statistics saying few jobs are queued), and that walked every entry
+        # of the range, dead ones included, past the cursor's start (issue 25).
         picked = ready.cte("ready").prefix_with("MATERIALIZED")
         return (
             update(jobs)
-            .where(jobs.c.id.in_(select(picked.c.id)), jobs.c.state == QUEUED)
+            .where(jobs.c.id.in_(select(picked.c.id)), func.coalesce(jobs.c.state, "") == QUEUED)
             .values(**claim_values)
             .returning(*jobs.c),
         )
