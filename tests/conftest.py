@@ -4,8 +4,8 @@ PostgreSQL (``SCHEDULER_TEST_PG``, default database ``test`` on 127.0.0.1:5432) 
 (``SCHEDULER_TEST_MYSQL``, database ``test`` on 127.0.0.1:3306) are skipped with a reason when
 unreachable on a developer's machine; with ``CI=true`` an unreachable server fails the run.
 
-``pgbouncer``: the PostgreSQL cases once more (in the modules of ``POOLER_MODULES``, or all
-with ``SCHEDULER_TEST_POOLER=all``), through a PgBouncer in transaction mode with a
+``pgbouncer``: the PostgreSQL cases once more (but those of the few tests marked ``direct``;
+all with ``SCHEDULER_TEST_POOLER=all``), through a PgBouncer in transaction mode with a
 small pool (``reliability/_pgbouncer.py``), one per pytest process, started on first use on a
 free port and stopped at the end; the test runs with ``SCHEDULER_DATABASE_POOLER=transaction``
 (so every Scheduler and Store it makes, and every worker process it starts, knows). Skipped
@@ -187,33 +187,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(2, (os.cpu_count() or 1) * 3 // 2)
 
 
-# The PostgreSQL cases run once more through PgBouncer in the modules whose behaviour depends
-# on the connection under it: transactions, session settings, locks, LISTEN, cuts and crashes
-# (the rest read and write the same rows either way, and all of them through the pooler would
-# double the suite's PostgreSQL time). SCHEDULER_TEST_POOLER=all runs every one through it.
-POOLER_MODULES = frozenset(
-    {
-        "test_background_worker",
-        "test_caller_transaction",
-        "test_crash",
-        "test_database_settings",
-        "test_driver",
-        "test_health",
-        "test_horizon",
-        "test_migrations",
-        "test_pooler",
-        "test_queue",
-        "test_reliability",
-        "test_sync",
-        "test_tick",
-        "test_tick_race",
-        "test_wakeup",
-        "test_worker",
-        "test_worker_prefetch",
-    }
-)
-
-
+# Every PostgreSQL case runs once more through PgBouncer, but for the few tests marked
+# ``direct``: their subject is the server or the host (vacuum, clocks), not the connection,
+# and each takes many seconds. SCHEDULER_TEST_POOLER=all runs those through it too.
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if os.environ.get("SCHEDULER_TEST_POOLER", "").lower() == "all":
         return
@@ -221,8 +197,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         callspec = getattr(item, "callspec", None)
         through_pooler = callspec is not None and "pgbouncer" in callspec.params.values()
-        module = item.path.stem
-        (drop if through_pooler and module not in POOLER_MODULES else keep).append(item)
+        direct = item.get_closest_marker("direct") is not None
+        (drop if through_pooler and direct else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

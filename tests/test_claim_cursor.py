@@ -215,6 +215,7 @@ HOLD_SECONDS = 30.0
 
 
 @pytest.mark.slow
+@pytest.mark.direct
 def test_under_a_held_horizon_the_dead_rows_stay_and_the_cursor_claim_skips_them(
     pg_url: str, held: Any
 ) -> None:

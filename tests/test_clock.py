@@ -278,6 +278,7 @@ def test_two_hosts_ten_minutes_apart_agree_on_the_databases_clock(
 
 
 @pytest.mark.slow
+@pytest.mark.direct
 @needs_faketime
 def test_the_same_hosts_on_their_own_clocks_fire_early_and_take_over(
     pg_url: str, tmp_path: Path
