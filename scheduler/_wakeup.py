@@ -735,16 +735,12 @@ def listen_connect_args(url: str | None, engine: Engine) -> tuple[list[Any], dic
     return list(args), kwargs
 
 
-class _PostgresSource(_Source):
-    name = "the LISTEN connection"
+class _PipedSource(_Source):
+    """A source whose thread waits in ``select`` on a pipe too: :meth:`stop` writes to it."""
 
-    def __init__(self, url: str | None, engine: Engine, waiter: Waiter) -> None:
+    def __init__(self, waiter: Waiter) -> None:
         super().__init__(waiter)
-        self.url = url
-        self.engine = engine
-        self._conn: Any = None
         self._pipe = os.pipe()
-        self.backend_pid: int | None = None  # the LISTEN connection's server process (tests)
 
     def _interrupt(self) -> None:
         with contextlib.suppress(OSError):
@@ -755,6 +751,17 @@ class _PostgresSource(_Source):
         for fd in self._pipe:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+class _PostgresSource(_PipedSource):
+    name = "the LISTEN connection"
+
+    def __init__(self, url: str | None, engine: Engine, waiter: Waiter) -> None:
+        super().__init__(waiter)
+        self.url = url
+        self.engine = engine
+        self._conn: Any = None
+        self.backend_pid: int | None = None  # the LISTEN connection's server process (tests)
 
     def _serve(self) -> None:
         import psycopg
@@ -1112,7 +1119,7 @@ class _Inotify:
             os.close(self.fd)
 
 
-class _SqliteSource(_Source):
+class _SqliteSource(_PipedSource):
     """Wakes the worker when the WAL index header moves by another process's commit: looked at
     after each write to the ``-wal`` file (inotify: no wake-up of this thread while nothing is
     written), or every :data:`SQLITE_WATCH_SECONDS` where there is no inotify."""
@@ -1122,18 +1129,10 @@ class _SqliteSource(_Source):
     def __init__(self, watcher: SqliteWatcher, waiter: Waiter) -> None:
         super().__init__(waiter)
         self.watcher = watcher
-        self._pipe = os.pipe()
         self.how = "poll"  # or "inotify" (tests)
-
-    def _interrupt(self) -> None:
-        with contextlib.suppress(OSError):
-            os.write(self._pipe[1], b"x")
 
     def stop(self) -> None:
         super().stop()
-        for fd in self._pipe:
-            with contextlib.suppress(OSError):
-                os.close(fd)
         with _hubs_lock:
             self.watcher.users -= 1
             if self.watcher.users <= 0:

@@ -214,6 +214,22 @@ def held(pg_url: str) -> Iterator[Any]:
 HOLD_SECONDS = 30.0
 
 
+def _insert_and_work(app: Scheduler, runner: Any, count: int) -> int:
+    """``count`` jobs of handler ``h`` inserted in one transaction, then claimed 25 at a time
+    and run until none is left; the number run."""
+    with app.store.begin() as conn:
+        now = datetime.now(UTC)
+        conn.execute(
+            insert(jobs),
+            [_jobs.new_job_values(handler="h", payload="{}", now=now) for _ in range(count)],
+        )
+    done = 0
+    while claimed := runner.claim(25):
+        runner.record([runner.execute(j) for j in claimed])
+        done += len(claimed)
+    return done
+
+
 @pytest.mark.slow
 @pytest.mark.direct
 def test_under_a_held_horizon_the_dead_rows_stay_and_the_cursor_claim_skips_them(
@@ -231,15 +247,7 @@ def test_under_a_held_horizon_the_dead_rows_stay_and_the_cursor_claim_skips_them
         done = 0
         began = time.monotonic()
         while time.monotonic() - began < HOLD_SECONDS:
-            with app.store.begin() as conn:
-                now = datetime.now(UTC)
-                conn.execute(
-                    insert(jobs),
-                    [_jobs.new_job_values(handler="h", payload="{}", now=now) for _ in range(50)],
-                )
-            while claimed := runner.claim(25):
-                runner.record([runner.execute(j) for j in claimed])
-                done += len(claimed)
+            done += _insert_and_work(app, runner, 50)
         assert runner.cursor.active  # the runner went on from its cursor
         deadline = time.monotonic() + 30  # backends report their counts within seconds
         while True:
@@ -298,14 +306,7 @@ def test_outcomes_and_heartbeats_go_by_the_primary_key_past_held_claims(
     try:
         runner = app.runner()
         for _ in range(10):
-            with app.store.begin() as conn:
-                now = datetime.now(UTC)
-                conn.execute(
-                    insert(jobs),
-                    [_jobs.new_job_values(handler="h", payload="{}", now=now) for _ in range(100)],
-                )
-            while claimed := runner.claim(25):
-                runner.record([runner.execute(j) for j in claimed])
+            _insert_and_work(app, runner, 100)
         with app.store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text("ANALYZE scheduler_jobs"))
         for _ in range(4):
