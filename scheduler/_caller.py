@@ -33,14 +33,17 @@ driver's commit: a commit that then fails has sent them); never after a rollback
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, event, text
-from sqlalchemy.orm import Session
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 from ._errors import SchedulerError
 from ._store.engine import Store
@@ -62,7 +65,10 @@ def adopt(given: Any, store: Store, *, same_database: bool = False) -> CallerTra
     """``given`` (a ``Connection`` or ``Session``) checked for writing the scheduler's rows on
     ``store``'s database, in the caller's transaction; else :class:`SchedulerError`.
     ``same_database``: known to be the scheduler's database (not compared)."""
-    if isinstance(given, Session):
+    # The ORM is imported only by a caller that has a Session (it costs a command's start-up a
+    # sixth of a second): where it was never imported, ``given`` is no Session.
+    orm = sys.modules.get("sqlalchemy.orm")
+    if orm is not None and isinstance(given, orm.Session):
         if not given.in_transaction():
             raise SchedulerError(
                 "connection=: the Session is not in a transaction; begin one"
