@@ -30,7 +30,8 @@ TASKS = "".join(
     f'\n[[tasks]]\nname = "task-{i}"\ncron = "*/5 * * * *"\nhandler = "bench.noop"\n'
     for i in range(10)
 )
-CLI = "from scheduler.cli import main; main()"  # what the `scheduler` console script runs
+# What the `scheduler` console script runs (`main` in a checkout from before `console`).
+CLI = "import scheduler.cli as c; getattr(c, 'console', c.main)()"
 CASES = {
     "python -c pass": ["-c", "pass"],
     "import sqlalchemy": ["-c", "import sqlalchemy"],

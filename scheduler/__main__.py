@@ -1,5 +1,5 @@
 """``python -m scheduler``: the same as the ``scheduler`` command."""
 
-from scheduler.cli import main
+from scheduler.cli import console
 
-main()
+console()

@@ -470,6 +470,61 @@ def test_backfill_and_retry_take_the_registered_max_attempts_and_queue(
     assert re.search(r"^queue:\s+slow ", shown, re.M)
 
 
+# A module-level object whose finalizer writes a file: it runs at the interpreter's teardown.
+# (What it needs is bound at import: at the teardown the modules' names may be gone.)
+TEARDOWN_PROBE = """
+import os
+class Probe:
+    def __del__(self, _open=open, _path=os.environ["TEARDOWN_FILE"]):
+        with _open(_path, "a") as f:
+            f.write("teardown")
+probe = Probe()
+"""
+
+
+def test_the_command_ends_without_the_teardown_only_where_no_user_code_ran(
+    tmp_path: Path, sqlite_template: Path
+) -> None:
+    """The console script (`console()`, which `python -m scheduler.cli` runs too, so every
+    CLI test here goes through it) skips the interpreter's teardown after a command that ran
+    only our code: its output and exit status are whole, its SQLite database closed (the WAL
+    checkpointed, no `-wal` file left). After a command that imported the user's modules
+    ([worker] imports) the teardown runs, for their finalizers."""
+    (tmp_path / "teardown_probe.py").write_text(TEARDOWN_PROBE)
+    db = tmp_path / "exit.db"
+    shutil.copy(sqlite_template, db)
+    write_config(tmp_path, f"sqlite:///{db}", tasks=TASK)
+    ok(run_cli(tmp_path, "sync"))
+    marker = tmp_path / "teardown.txt"
+
+    def console(*args: str) -> subprocess.CompletedProcess[str]:
+        marker.unlink(missing_ok=True)
+        code = "import teardown_probe\nfrom scheduler.cli import console\nconsole()\n"
+        return subprocess.run(
+            [sys.executable, "-c", code, *args],
+            cwd=tmp_path,
+            env={**os.environ, "TEARDOWN_FILE": str(marker), "PYTHONPATH": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    shown = console("status")
+    assert shown.returncode == 0, shown.stderr
+    assert "nightly" in shown.stdout and "jobs: queued 0" in shown.stdout
+    assert not marker.exists()  # no teardown
+    assert "disabled" in ok(console("disable", "nightly", "--reason", "exit test"))
+    assert not marker.exists()
+    assert not Path(f"{db}-wal").exists()  # closed before the exit: checkpointed
+    with create_engine(f"sqlite:///{db}").connect() as conn:
+        assert conn.exec_driver_sql("SELECT enabled FROM scheduler_rows").scalar() == 0
+    assert one_error_line(console("explain", "no-such-task")).startswith("error: no task named")
+    assert not marker.exists()
+    assert console("--no-such-option").returncode == 2  # click's usage error keeps its status
+    ok(console("tick"))  # imports cli_jobs: the full exit
+    assert marker.read_text() == "teardown"
+
+
 IMPORT_PROBE = """
 import atexit, sys
 heavy = ("sqlalchemy", "sqlalchemy.orm", "alembic", "croniter")
