@@ -9,10 +9,25 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .decide import Action, Decision, decide
 from .due import DueRow
-from .loop import tick
 from .report import Outcome, TickReport
+
+if TYPE_CHECKING:
+    from .loop import tick
+
+
+def __getattr__(name: str) -> Any:
+    # ``tick`` is imported at its first use: the loop imports ``scheduler._dispatch``, which
+    # imports this package's decide, due and report; imported here, a first import of
+    # ``scheduler._dispatch`` (before ``scheduler._tick``) went round in a circle.
+    if name == "tick":
+        from .loop import tick
+
+        return tick
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 DISPATCHED, RERUN, HELD_BACK, DISABLED, LOST_RACE = (
     Outcome.DISPATCHED,
