@@ -33,13 +33,16 @@ SLEEP = {
 
 @pytest.fixture
 def server_app(db_url: str) -> Iterator[Scheduler]:
-    if db_url.startswith("sqlite"):
-        pytest.skip("SQLite has no statement timeout")
     app = Scheduler(db_url, registry=Registry(), statement_timeout=0.5)
     yield app
     app.close()
 
 
+# SQLite has no statement timeout: the server engines only.
+SERVERS = pytest.mark.parametrize("db_url", ["postgresql", "pgbouncer", "mariadb"], indirect=True)
+
+
+@SERVERS
 def test_a_statement_of_ours_is_stopped_at_the_statement_timeout(server_app: Scheduler) -> None:
     store = server_app.store
     began = time.monotonic()
@@ -56,9 +59,8 @@ def test_a_statement_of_ours_is_stopped_at_the_statement_timeout(server_app: Sch
     assert server_app.get_job(job_id) is not None
 
 
+@SERVERS
 def test_the_statement_timeout_is_off_by_default(db_url: str) -> None:
-    if db_url.startswith("sqlite"):
-        pytest.skip("SQLite has no statement timeout")
     app = Scheduler(db_url, registry=Registry())
     try:
         with app.store.begin() as conn:
