@@ -11,9 +11,12 @@ import multiprocessing
 import os
 import platform
 import queue
+import signal
 import sqlite3
 import statistics
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -384,6 +387,7 @@ class PgBouncer:
         for f in self.dir.iterdir():
             f.chmod(0o644)
         command = [found, str(self.dir / "pgbouncer.ini")]
+        stop_on_sigterm()
         if os.geteuid() == 0:  # it refuses to run as root; its log goes in the folder
             import pwd
 
@@ -417,6 +421,27 @@ class PgBouncer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def stop_on_sigterm() -> None:
+    """A SIGTERM (``kill PID``, ``timeout``) ends this script by ``SystemExit``, so that its
+    ``finally`` blocks stop the servers it started (a PostgreSQL cluster, a pgbouncer), which
+    otherwise went on running in their temporary folders. Its child processes keep the
+    default: killed at once."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+    script = os.getpid()
+
+    def ended(signum: int, frame: Any) -> None:
+        if os.getpid() != script:  # a forked child inherited this handler
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, ended)
+
+
 # -- a PostgreSQL cluster of the script's own ----------------------------------------------------
 class PgCluster:
     """A PostgreSQL cluster made with ``initdb`` in a temporary folder and started on a free
@@ -437,6 +462,7 @@ class PgCluster:
 
         if not Path(bindir, "initdb").exists():
             raise RuntimeError(f"no PostgreSQL binaries in {bindir}")
+        stop_on_sigterm()
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
