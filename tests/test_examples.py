@@ -93,7 +93,11 @@ def drive(url: str, port: int, server: subprocess.Popen[str]) -> str:
         while not httpx2.get(f"{base}/orders/{order}", timeout=5).json()["receipt_sent"]:
             assert time.monotonic() < deadline, "the receipt job never ran"
             time.sleep(0.2)
-        assert sched.get_job(job).state == "succeeded"  # type: ignore[union-attr]
+        # The handler's own write commits before the worker records the job's outcome (its
+        # transaction after the handler returns): the receipt can show first.
+        while (state := sched.get_job(job).state) != "succeeded":  # type: ignore[union-attr]
+            assert state == "claimed" and time.monotonic() < deadline, state
+            time.sleep(0.05)
 
         failed = httpx2.post(f"{base}/orders", json={"item": "pen", "fail": True}, timeout=10)
         assert failed.status_code == 500
