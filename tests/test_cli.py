@@ -516,8 +516,12 @@ def test_the_command_ends_without_the_teardown_only_where_no_user_code_ran(
     assert "disabled" in ok(console("disable", "nightly", "--reason", "exit test"))
     assert not marker.exists()
     assert not Path(f"{db}-wal").exists()  # closed before the exit: checkpointed
-    with create_engine(f"sqlite:///{db}").connect() as conn:
-        assert conn.exec_driver_sql("SELECT enabled FROM scheduler_rows").scalar() == 0
+    engine = create_engine(f"sqlite:///{db}")
+    try:
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT enabled FROM scheduler_rows").scalar() == 0
+    finally:
+        engine.dispose()
     assert one_error_line(console("explain", "no-such-task")).startswith("error: no task named")
     assert not marker.exists()
     assert console("--no-such-option").returncode == 2  # click's usage error keeps its status
