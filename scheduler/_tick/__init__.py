@@ -29,6 +29,7 @@ def __getattr__(name: str) -> Any:
         return tick
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 DISPATCHED, RERUN, HELD_BACK, DISABLED, LOST_RACE = (
     Outcome.DISPATCHED,
     Outcome.RERUN,
