@@ -881,8 +881,9 @@ def console() -> NoReturn:
         if code is not None:  # sys.exit("message"): printed, status 1
             print(code, file=sys.stderr)
         code = 0 if code is None else 1
-    others = [t for t in threading.enumerate() if t is not threading.main_thread()]
-    if _user_code_imported or any(not t.daemon for t in others):
+    main_thread = threading.main_thread()
+    running = any(t is not main_thread and not t.daemon for t in threading.enumerate())
+    if _user_code_imported or running:
         sys.exit(code)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
