@@ -266,7 +266,12 @@ def backend_url(
     return make_url(backend, tmp_path, template)
 
 
-@pytest.fixture(params=["sqlite", "postgresql", "pgbouncer", "mariadb"])
+SERVERS = ("postgresql", "pgbouncer", "mariadb")
+"""The server engines of :func:`db_url`: ``pytest.mark.parametrize("db_url", SERVERS,
+indirect=True)`` for a test that does not apply to SQLite."""
+
+
+@pytest.fixture(params=["sqlite", *SERVERS])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path) -> str:
     """A migrated, empty database on each engine (PostgreSQL also through PgBouncer)."""
     return backend_url(request, request.param, tmp_path, sqlite_template)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MYSQL_SERVER, PG_SERVER
+from conftest import MYSQL_SERVER, PG_SERVER, SERVERS
 from sqlalchemy import (
     Column,
     Engine,
@@ -289,7 +289,7 @@ def test_a_connection_to_another_database_is_refused(
     assert count(sched, jobs) == 0
 
 
-@pytest.mark.parametrize("db_url", ["postgresql", "pgbouncer", "mariadb"], indirect=True)
+@pytest.mark.parametrize("db_url", SERVERS, indirect=True)
 def test_another_dialect_is_refused(sched: Scheduler, db_url: str, tmp_path: Path) -> None:
     """(SQLite's own case, another file, is the test above.)"""
     other = create_engine(f"sqlite:///{tmp_path / 'x.db'}")

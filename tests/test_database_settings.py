@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import SERVERS
 from sqlalchemy import create_engine, select, text, update
 from sqlalchemy.exc import DBAPIError
 
@@ -39,10 +40,10 @@ def server_app(db_url: str) -> Iterator[Scheduler]:
 
 
 # SQLite has no statement timeout: the server engines only.
-SERVERS = pytest.mark.parametrize("db_url", ["postgresql", "pgbouncer", "mariadb"], indirect=True)
+ON_SERVERS = pytest.mark.parametrize("db_url", SERVERS, indirect=True)
 
 
-@SERVERS
+@ON_SERVERS
 def test_a_statement_of_ours_is_stopped_at_the_statement_timeout(server_app: Scheduler) -> None:
     store = server_app.store
     began = time.monotonic()
@@ -59,7 +60,7 @@ def test_a_statement_of_ours_is_stopped_at_the_statement_timeout(server_app: Sch
     assert server_app.get_job(job_id) is not None
 
 
-@SERVERS
+@ON_SERVERS
 def test_the_statement_timeout_is_off_by_default(db_url: str) -> None:
     app = Scheduler(db_url, registry=Registry())
     try:

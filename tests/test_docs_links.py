@@ -6,6 +6,7 @@ repository."""
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -33,6 +34,7 @@ def slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
+@functools.cache  # a page linked to many times is read once
 def anchors(page: Path) -> set[str]:
     text = FENCE.sub("", page.read_text())
     found: set[str] = set(EXPLICIT.findall(text))

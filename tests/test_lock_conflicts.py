@@ -65,22 +65,21 @@ def app(maria_url: str, clock: ManualClock) -> Iterator[Scheduler]:
 LOCK_WAIT_ONE_SECOND = "SET SESSION innodb_lock_wait_timeout = 1"
 
 
-def waiting(engine: Engine, here: bool = True) -> set[str]:
-    """The lock waits going on, each as its transaction and the second it began waiting (a
-    transaction that has written nothing keeps its id when its connection begins anew). With
-    ``here``, only those of connections to this engine's database: the server is shared with
-    tests running at the same time, whose lock waits are theirs (CI saw one)."""
-    query = (
-        "SELECT CONCAT(t.trx_id, '@', t.trx_wait_started) FROM information_schema.INNODB_TRX t"
-        " WHERE t.trx_state = 'LOCK WAIT'"
-    )
-    if here:
-        query += (
-            " AND t.trx_mysql_thread_id IN"
-            " (SELECT p.ID FROM information_schema.PROCESSLIST p WHERE p.DB = DATABASE())"
-        )
+def waiting(engine: Engine) -> set[str]:
+    """The lock waits going on in this engine's database, each as its transaction and the
+    second it began waiting (a transaction that has written nothing keeps its id when its
+    connection begins anew). Only this database's: the server is shared with tests running at
+    the same time, whose lock waits are theirs (CI saw one)."""
     with engine.connect() as conn:
-        return {str(t) for t in conn.execute(text(query)).scalars()}
+        found = conn.execute(
+            text(
+                "SELECT CONCAT(t.trx_id, '@', t.trx_wait_started)"
+                " FROM information_schema.INNODB_TRX t"
+                " WHERE t.trx_state = 'LOCK WAIT' AND t.trx_mysql_thread_id IN"
+                " (SELECT p.ID FROM information_schema.PROCESSLIST p WHERE p.DB = DATABASE())"
+            )
+        ).scalars()
+        return {str(t) for t in found}
 
 
 def wait_for(engine: Engine, condition: Callable[[set[str]], bool], what: str) -> set[str]:
@@ -210,7 +209,7 @@ def test_a_claim_skips_a_locked_job_and_takes_the_next(app: Scheduler, maria_url
         with other.connect() as conn, conn.begin():
             lock_job(first)(conn)
             assert [j.id for j in app.runner().claim(2)] == [second]  # SKIP LOCKED: no wait
-            assert waiting(other, here=True) == set()
+            assert waiting(other) == set()
     finally:
         other.dispose()
 
@@ -253,7 +252,7 @@ def test_a_takeover_passes_over_a_locked_job_then_takes_it(
         with holder.connect() as conn, conn.begin():
             lock_job(job.id)(conn)
             assert other.take_over() == []
-            assert waiting(holder, here=True) == set()
+            assert waiting(holder) == set()
     finally:
         holder.dispose()
     assert [j.id for j in other.take_over()] == [job.id]
@@ -284,7 +283,7 @@ def test_a_tick_passes_over_a_locked_row_without_waiting(
         with holder.connect() as conn, conn.begin():
             lock_row("r")(conn)
             report = app.tick()
-            assert waiting(holder, here=True) == set()
+            assert waiting(holder) == set()
     finally:
         holder.dispose()
     assert report.locked == ["r"] and report.dispatched == ["free"]
@@ -332,7 +331,7 @@ def test_a_tick_dispatch_refuses_to_wait_for_a_locked_row_itself(
             began = time.monotonic()
             report = app.tick()
             took = time.monotonic() - began
-            assert waiting(holder, here=True) == set()
+            assert waiting(holder) == set()
     finally:
         event.remove(app.store.engine, "before_cursor_execute", seen)
         holder.dispose()
