@@ -532,6 +532,7 @@ def test_the_command_ends_without_the_teardown_only_where_no_user_code_ran(
 IMPORT_PROBE = """
 import atexit, sys
 heavy = ("sqlalchemy", "sqlalchemy.orm", "alembic", "croniter")
+heavy += ("sqlalchemy.dialects.postgresql", "sqlalchemy.dialects.mysql")
 found = lambda: [m for m in heavy if m in sys.modules]
 atexit.register(lambda: print("imported:", *found(), file=sys.stderr))
 from scheduler.cli import main
@@ -552,8 +553,9 @@ def test_help_imports_no_database_or_cron_library(tmp_path: Path, sqlite_templat
     """`--help` (of the program and of a command) and `--version` import none of SQLAlchemy,
     Alembic, croniter; `status` on an up-to-date schema imports no Alembic (the schema check
     reads the version table itself), and no command that reads the database imports
-    SQLAlchemy's ORM (a sixth of a second here; only a caller's ``Session`` needs it). See
-    benchmarks/cli_startup.py for the timings."""
+    SQLAlchemy's ORM (a sixth of a second here; only a caller's ``Session`` needs it), nor on
+    SQLite the PostgreSQL and MySQL dialects (50 ms). See benchmarks/cli_startup.py for the
+    timings."""
     for args in (["--help"], ["status", "--help"], ["backfill", "--help"], ["--version"]):
         assert imported(tmp_path, *args) == [], args
     db = tmp_path / "probe.db"
@@ -564,3 +566,5 @@ def test_help_imports_no_database_or_cron_library(tmp_path: Path, sqlite_templat
         assert "sqlalchemy" in found, command  # the probe sees what a command that reads imports
         assert "alembic" not in found, command
         assert "sqlalchemy.orm" not in found, command
+        assert "sqlalchemy.dialects.postgresql" not in found, command
+        assert "sqlalchemy.dialects.mysql" not in found, command

@@ -28,13 +28,13 @@ the rows go again one by one, a duplicate's holder read with a locking read.
 from __future__ import annotations
 
 import functools
+import importlib
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from itertools import chain
 from typing import Any
 
 from sqlalchemy import Connection, Dialect, bindparam, insert, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from .._errors import SchedulerError
@@ -81,7 +81,9 @@ def upsert_by_name(name: str) -> Any:
 
 @functools.cache
 def _upsert(name: str) -> Any:
-    make = postgresql.insert if name == "postgresql" else sqlite.insert
+    # Imported here, once per dialect: a dialect the process does not use stays unloaded
+    # (PostgreSQL's would cost a command on SQLite ~20 ms of its start-up).
+    make = importlib.import_module(f"sqlalchemy.dialects.{name}").insert
     return (
         make(jobs)
         .on_conflict_do_nothing(

@@ -21,6 +21,7 @@ from sqlalchemy import (
     Row,
     Select,
     String,
+    TypeDecorator,
     and_,
     bindparam,
     case,
@@ -101,6 +102,8 @@ class Job:
 
 def _length(name: str) -> int:
     kind = jobs.c[name].type
+    if isinstance(kind, TypeDecorator):  # dedupe_key's UniqueKey
+        kind = kind.impl_instance
     assert isinstance(kind, String) and kind.length is not None
     return kind.length
 

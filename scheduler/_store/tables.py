@@ -20,9 +20,7 @@ from sqlalchemy import (
     Table,
     Text,
     TypeDecorator,
-    text,
 )
-from sqlalchemy.dialects import mysql
 
 from .._time import as_utc
 
@@ -50,8 +48,10 @@ class UTCDateTime(TypeDecorator[datetime]):
     cache_ok = True
 
     def load_dialect_impl(self, dialect: Dialect) -> Any:
-        if dialect.name in ("mysql", "mariadb"):
-            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        if dialect.name in _MYSQL:
+            from sqlalchemy.dialects.mysql import DATETIME
+
+            return dialect.type_descriptor(DATETIME(fsp=6))
         return dialect.type_descriptor(DateTime())
 
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
@@ -68,20 +68,60 @@ class UTCDateTime(TypeDecorator[datetime]):
 # SQLite only auto-increments an INTEGER PRIMARY KEY; elsewhere ids are 64-bit.
 Id = BigInteger().with_variant(Integer(), "sqlite")
 
-# A unique text key compares exactly on every engine. MariaDB/MySQL's default collations ignore
-# case and accents, which would make "Report" and "report" (or "café" and "cafe") one key.
-UniqueKey = String(200).with_variant(
-    mysql.VARCHAR(200, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
-)
+# The types below that differ on MariaDB/MySQL build their MySQL form in `load_dialect_impl`,
+# where that dialect is already loaded, rather than with `with_variant(mysql.X(), ...)` here:
+# importing SQLAlchemy's MySQL dialect costs every command on another engine ~25 ms of start-up.
+_MYSQL = ("mysql", "mariadb")
 
-# MariaDB/MySQL's TEXT holds 65,535 bytes: one short of the default 64 KiB payload limit.
-Payload = Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
+
+class _UniqueKey(TypeDecorator[str]):
+    """A unique text key that compares exactly on every engine. MariaDB/MySQL's default
+    collations ignore case and accents, which would make "Report" and "report" (or "café" and
+    "cafe") one key: there it is binary-collated utf8mb4."""
+
+    impl = String
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        if dialect.name in _MYSQL:
+            from sqlalchemy.dialects.mysql import VARCHAR
+
+            return dialect.type_descriptor(
+                VARCHAR(KEY_LENGTH, charset="utf8mb4", collation="utf8mb4_bin")
+            )
+        return dialect.type_descriptor(String(KEY_LENGTH))
+
+
+class _Payload(TypeDecorator[str]):
+    """A job's JSON payload. MariaDB/MySQL's TEXT holds 65,535 bytes, one short of the default
+    64 KiB payload limit: there it is MEDIUMTEXT."""
+
+    impl = Text
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        if dialect.name in _MYSQL:
+            from sqlalchemy.dialects.mysql import MEDIUMTEXT
+
+            return dialect.type_descriptor(MEDIUMTEXT())
+        return dialect.type_descriptor(Text())
+
+
+KEY_LENGTH = 200
+UniqueKey = _UniqueKey(KEY_LENGTH)
+Payload = _Payload()
+
+# A partial index's condition, on the engines that have partial indexes (SQLite, PostgreSQL;
+# MariaDB indexes every row). The migrations write it (`sqlite_where=`, `postgresql_where=`);
+# here it is declared in `Index.info` rather than by those arguments, because SQLAlchemy
+# imports a dialect's whole package to check an argument named after it: PostgreSQL's, ~20 ms
+# of every command on SQLite. tests/test_migrations.py checks that each engine's migrated
+# indexes have exactly these conditions (alembic's comparison does not look at them).
+PARTIAL_WHERE = "where"
 
 
 def _where(column: str) -> dict[str, Any]:
-    """A partial index's condition, on the engines that have partial indexes."""
-    condition = text(f"{column} IS NOT NULL")
-    return {"sqlite_where": condition, "postgresql_where": condition}
+    return {"info": {PARTIAL_WHERE: f"{column} IS NOT NULL"}}
 
 
 jobs = Table(
