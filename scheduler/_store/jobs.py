@@ -21,7 +21,6 @@ from sqlalchemy import (
     Row,
     Select,
     String,
-    TypeDecorator,
     and_,
     bindparam,
     case,
@@ -102,8 +101,6 @@ class Job:
 
 def _length(name: str) -> int:
     kind = jobs.c[name].type
-    if isinstance(kind, TypeDecorator):  # dedupe_key's UniqueKey
-        kind = kind.impl_instance
     assert isinstance(kind, String) and kind.length is not None
     return kind.length
 

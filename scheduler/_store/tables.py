@@ -21,6 +21,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
 )
+from sqlalchemy.ext.compiler import compiles
 
 from .._time import as_utc
 
@@ -48,7 +49,7 @@ class UTCDateTime(TypeDecorator[datetime]):
     cache_ok = True
 
     def load_dialect_impl(self, dialect: Dialect) -> Any:
-        if dialect.name in _MYSQL:
+        if dialect.name in ("mysql", "mariadb"):  # (importing it here keeps it unloaded elsewhere)
             from sqlalchemy.dialects.mysql import DATETIME
 
             return dialect.type_descriptor(DATETIME(fsp=6))
@@ -68,47 +69,38 @@ class UTCDateTime(TypeDecorator[datetime]):
 # SQLite only auto-increments an INTEGER PRIMARY KEY; elsewhere ids are 64-bit.
 Id = BigInteger().with_variant(Integer(), "sqlite")
 
-# The types below that differ on MariaDB/MySQL build their MySQL form in `load_dialect_impl`,
-# where that dialect is already loaded, rather than with `with_variant(mysql.X(), ...)` here:
-# importing SQLAlchemy's MySQL dialect costs every command on another engine ~25 ms of start-up.
-_MYSQL = ("mysql", "mariadb")
+# The two types below are spelled differently on MariaDB/MySQL: by a compilation rule for
+# that dialect rather than `with_variant(mysql.X(), ...)`, which would import SQLAlchemy's
+# MySQL dialect (~25 ms of every command's start-up on another engine), and as subclasses of
+# the generic types rather than `TypeDecorator`s, which cost every statement that binds them.
 
 
-class _UniqueKey(TypeDecorator[str]):
+class _UniqueKey(String):
     """A unique text key that compares exactly on every engine. MariaDB/MySQL's default
     collations ignore case and accents, which would make "Report" and "report" (or "café" and
     "cafe") one key: there it is binary-collated utf8mb4."""
 
-    impl = String
     cache_ok = True
 
-    def load_dialect_impl(self, dialect: Dialect) -> Any:
-        if dialect.name in _MYSQL:
-            from sqlalchemy.dialects.mysql import VARCHAR
 
-            return dialect.type_descriptor(
-                VARCHAR(KEY_LENGTH, charset="utf8mb4", collation="utf8mb4_bin")
-            )
-        return dialect.type_descriptor(String(KEY_LENGTH))
-
-
-class _Payload(TypeDecorator[str]):
+class _Payload(Text):
     """A job's JSON payload. MariaDB/MySQL's TEXT holds 65,535 bytes, one short of the default
     64 KiB payload limit: there it is MEDIUMTEXT."""
 
-    impl = Text
     cache_ok = True
 
-    def load_dialect_impl(self, dialect: Dialect) -> Any:
-        if dialect.name in _MYSQL:
-            from sqlalchemy.dialects.mysql import MEDIUMTEXT
 
-            return dialect.type_descriptor(MEDIUMTEXT())
-        return dialect.type_descriptor(Text())
+@compiles(_UniqueKey, "mysql", "mariadb")
+def _unique_key_on_mysql(kind: _UniqueKey, compiler: Any, **kw: Any) -> str:
+    return f"VARCHAR({kind.length}) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
 
 
-KEY_LENGTH = 200
-UniqueKey = _UniqueKey(KEY_LENGTH)
+@compiles(_Payload, "mysql", "mariadb")
+def _payload_on_mysql(kind: _Payload, compiler: Any, **kw: Any) -> str:
+    return "MEDIUMTEXT"
+
+
+UniqueKey = _UniqueKey(200)
 Payload = _Payload()
 
 # A partial index's condition, on the engines that have partial indexes (SQLite, PostgreSQL;
