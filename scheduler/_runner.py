@@ -256,6 +256,15 @@ class Runner:
 
         return retry("extending leases", attempt)
 
+    def holding(self, job_ids: list[int]) -> set[int]:
+        """Which of ``job_ids`` this runner holds the lease of now (a read)."""
+
+        def attempt() -> set[int]:
+            with self.store.begin() as conn:
+                return _jobs.holding(conn, job_ids, owner=self.owner, now=self.clock())
+
+        return retry("reading leases", attempt)
+
     # -- running ----------------------------------------------------------------------
     def run(self, job: Job) -> str:
         """Run one claimed job to an outcome and record it; returns the outcome."""

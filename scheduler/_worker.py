@@ -52,7 +52,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from . import _wakeup
 from ._loop import LoopThread
-from ._runner import Recorder
+from ._runner import Outcome, Recorder
 from ._store import health as _health
 from ._store.jobs import Job
 from ._telemetry import Telemetry
@@ -156,6 +156,8 @@ class Worker:
         self._recorder = Recorder(self.runner)
         self._telemetry = Telemetry(app)
         self._running: dict[int, Future[None] | None] = {}  # None: on the event loop
+        # The running jobs whose outcome is handed to the recorder: written at any moment now.
+        self._handed_in: set[int] = set()
         self._lock = threading.Lock()
         self._wake = threading.Event()  # a job finished, or stop() was called
         self._beat_stop = threading.Event()
@@ -462,7 +464,7 @@ class Worker:
         with self._lock:
             self._awaiting.discard(job.id)
         self._wake.set()  # a slot is free: the main thread may claim
-        self._recorder.submit(outcome, self._when_recorded(job, began))
+        self._hand_in(job, outcome, began)
 
     def _crashed(self, job: Job) -> None:
         """The run itself failed (not the handler: its errors are outcomes)."""
@@ -473,6 +475,11 @@ class Worker:
             extra={"action": "job_crashed", "job_id": job.id},
         )
         self._release(job.id)
+
+    def _hand_in(self, job: Job, outcome: Outcome, began: float) -> None:
+        with self._lock:
+            self._handed_in.add(job.id)
+        self._recorder.submit(outcome, self._when_recorded(job, began))
 
     def _when_recorded(self, job: Job, began: float) -> Callable[[str], None]:
         def done(result: str) -> None:
@@ -500,12 +507,13 @@ class Worker:
         if ran >= SLOW_JOB_SECONDS:
             self._slow_at = time.monotonic()
         # The job stays in _running (leases renewed, slot taken) until its outcome is written.
-        self._recorder.submit(outcome, self._when_recorded(job, began))
+        self._hand_in(job, outcome, began)
 
     def _release(self, job_id: int, ran: bool = True) -> None:
         with self._lock:
             self._handled += ran
             self._running.pop(job_id, None)
+            self._handed_in.discard(job_id)
             self._async.discard(job_id)
             self._awaiting.discard(job_id)
         self._wake.set()
@@ -531,11 +539,28 @@ class Worker:
                 self._log_error("extending leases", exc, 1.0)
                 wait = 1.0
                 continue
-            with self._lock:  # jobs recorded meanwhile are no longer claimed: not lost
-                still = sum(1 for job_id in ids if job_id in self._running)
-            if held < still:
-                lost = f"{still - held} of {still} running job(s) lost their lease"
-                _log(logging.WARNING, "leases_lost", lost)
+            if held < len(ids) and (lost := self._lost_leases(ids)):
+                text = f"{lost} of {len(ids)} running job(s) lost their lease"
+                _log(logging.WARNING, "leases_lost", text)
+
+    def _lost_leases(self, ids: list[int]) -> int:
+        """How many of ``ids`` lost their lease, after an extension that did not renew them
+        all. A job whose outcome the recorder wrote since is not lost: its write ended the lease
+        (and may have committed just before the extension, before the job left ``_running``).
+        So the leases are read again, then counted among the jobs still running whose outcome
+        was not handed in by then: handed in only after that read, the outcome was not written
+        before it, and a lease that read did not find is lost indeed."""
+        try:
+            held = self.runner.holding(ids)
+        except Exception as exc:
+            self._log_error("reading leases", exc, 1.0)
+            return 0
+        with self._lock:
+            return sum(
+                1
+                for job_id in ids
+                if job_id in self._running and job_id not in self._handed_in and job_id not in held
+            )
 
     def _drain(self) -> int:
         """Wait for running jobs within the grace; then cancel the async ones and give them

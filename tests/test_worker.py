@@ -421,3 +421,77 @@ def test_a_once_worker_leaves_its_tick_on_record_for_status(app: Scheduler) -> N
     assert health["warnings"] == []
     assert health["workers"] == []  # it stopped: not counted as running
     assert began <= datetime.fromisoformat(health["last_tick_at"]) <= datetime.now(UTC)
+
+
+def _leases_lost(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if getattr(r, "action", "") == "leases_lost"]
+
+
+def test_a_job_recorded_while_the_heartbeat_runs_is_not_a_lost_lease(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The heartbeat renews the leases of the jobs still running; one whose outcome was just
+    written (its lease ended with it) but that has not left the worker's running set yet is
+    not lost. A slow log sink holds the recorder right after its commit, at the job's `job N
+    succeeded` line, for three heartbeats (a 1 s lease is renewed every 0.5 s): each used to
+    warn "1 of 1 running job(s) lost their lease"."""
+    app = Scheduler(db_url, registry=Registry(), lease_seconds=1)
+
+    @app.handler("quick")
+    def quick(job: Any) -> None:
+        pass
+
+    class SlowSink(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if getattr(record, "action", "") == "job_done":
+                time.sleep(1.5)
+
+    sink = SlowSink()
+    logging.getLogger("scheduler").addHandler(sink)
+    try:
+        job_id = app.enqueue("quick")
+        with caplog.at_level(logging.INFO, logger="scheduler"):
+            with app.background_worker(concurrency=1):
+                wait_for(lambda: app.get_job(job_id).state == "succeeded", 10, "the job")  # type: ignore[union-attr]
+                time.sleep(1.6)  # the sink's wait, and the heartbeats during it
+    finally:
+        logging.getLogger("scheduler").removeHandler(sink)
+        app.close()
+    assert any(getattr(r, "action", "") == "job_done" for r in caplog.records)
+    assert _leases_lost(caplog) == []
+
+
+def test_a_lease_taken_from_a_running_job_is_reported_lost(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The other side of the test above: a lease that another worker holds now is lost, and
+    the heartbeat says so while the job still runs; its outcome is then discarded."""
+    app = Scheduler(db_url, registry=Registry(), lease_seconds=1)
+    started, finish = threading.Event(), threading.Event()
+
+    @app.handler("long")
+    def long(job: Any) -> None:
+        started.set()
+        finish.wait(10)
+
+    job_id = app.enqueue("long")
+    try:
+        with caplog.at_level(logging.INFO, logger="scheduler"):
+            with app.background_worker(concurrency=1):
+                assert started.wait(10)
+                with app.store.engine.begin() as conn:
+                    conn.execute(
+                        text("UPDATE scheduler_jobs SET lease_owner = 'another' WHERE id = :id"),
+                        {"id": job_id},
+                    )
+                wait_for(lambda: bool(_leases_lost(caplog)), 5, "the heartbeat's warning")
+                finish.set()
+                wait_for(
+                    lambda: any("lease lost before it finished" in m for m in caplog.messages),
+                    10,
+                    "the outcome's warning",
+                )
+    finally:
+        finish.set()
+        app.close()
+    assert _leases_lost(caplog)[0] == "1 of 1 running job(s) lost their lease"

@@ -547,6 +547,15 @@ def heartbeat(
     return int(conn.execute(_EXTEND, params).rowcount)
 
 
+_HOLDING = select(jobs.c.id).where(jobs.c.id.in_(_IDS), _HELD)
+
+
+def holding(conn: Connection, job_ids: Iterable[int], *, owner: str, now: datetime) -> set[int]:
+    """Which of ``job_ids`` ``owner`` holds the lease of at ``now``."""
+    params = {"p_ids": list(job_ids), "p_owner": owner, "p_now": now}
+    return set(conn.execute(_HOLDING, params).scalars())
+
+
 def _finished(state: str, now: datetime, code: str | None) -> dict[str, Any]:
     return {
         "state": state,
