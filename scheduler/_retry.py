@@ -15,7 +15,7 @@ operation re-raises the last error after one warning line naming it.
 
 The error is recognised by the driver's error code: ``args[0]`` for PyMySQL and mysqlclient
 (MySQLdb), ``errno`` for MariaDB Connector/Python. Nothing else is retried here: a lost
-connection is the worker's back-off (``_worker.is_transient``), a busy SQLite the busy timeout.
+connection (``is_transient``) is the worker's back-off, a busy SQLite the busy timeout.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,15 @@ BASE_DELAY = 0.01  # seconds; the n-th pause is uniform in [0, min(MAX_DELAY, BA
 MAX_DELAY = 0.5
 
 T = TypeVar("T")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A database error that a retry may cure: a lost connection, a server restarting or busy,
+    a server that answered read-only (a switchover: the connection was invalidated, and the
+    next one goes to the new primary)."""
+    if isinstance(exc, OperationalError | InterfaceError):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
 def lock_conflict(exc: BaseException) -> int | None:

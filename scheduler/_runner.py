@@ -23,12 +23,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, func, select
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError
 
 from . import _wakeup, signals
 from ._errors import LeaseLost, PermanentError
 from ._handlers import Handler, Registry, error_code, is_async_callable
-from ._retry import retry
+from ._retry import is_transient, retry
 from ._store import Store
 from ._store import jobs as _jobs
 from ._store.cursor import ClaimCursor
@@ -570,10 +570,11 @@ class Runner:
             try:
                 views = retry("recording outcomes", lambda: self._finish(items))
                 break
-            except (OperationalError, InterfaceError):
-                # The database went away (a restart): the handlers' work is done, so keep
+            except DBAPIError as exc:
+                # The database went away (a restart), or the connection now reaches a server
+                # that answers read-only (a switchover): the handlers' work is done, so keep
                 # trying while the leases still hold rather than leave it to a takeover.
-                if time.monotonic() + delay > deadline:
+                if not is_transient(exc) or time.monotonic() + delay > deadline:
                     raise
                 log.warning(
                     "database unavailable while recording %s job(s); retrying in %.1fs",

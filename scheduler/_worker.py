@@ -48,10 +48,9 @@ from datetime import datetime, timedelta
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-
 from . import _wakeup
 from ._loop import LoopThread
+from ._retry import is_transient
 from ._runner import Outcome, Recorder
 from ._store import health as _health
 from ._store.jobs import Job
@@ -90,13 +89,6 @@ def import_handlers(modules: Iterable[str], folder: str | None = None) -> None:
             importlib.import_module(name)
         except ImportError as exc:
             raise ImportError(f"cannot import {name!r} from [worker] imports: {exc}") from exc
-
-
-def is_transient(exc: BaseException) -> bool:
-    """A database error that a retry may cure (lost connection, server restart, busy)."""
-    if isinstance(exc, OperationalError | InterfaceError):
-        return True
-    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
 def tick_offset(worker_id: str, interval: float) -> float:

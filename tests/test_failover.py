@@ -192,6 +192,31 @@ def test_the_ticks_own_statements_replace_a_read_only_pool_too(direct_url: str) 
         app.close()
 
 
+def test_an_outcome_refused_read_only_is_written_again_on_a_new_connection(
+    direct_url: str,
+) -> None:
+    """A job whose run ends just after a switchover: its outcome's write meets a server that
+    answers read-only. The handler's work is done, so the write is made again on a fresh
+    connection while the lease holds (as after a cut connection), rather than leaving the job
+    claimed until its lease expires and a takeover runs it again or aborts it."""
+    app = Scheduler(direct_url, registry=Registry())
+    ran: list[int] = []
+
+    @app.handler("h")
+    def h(job: Any) -> None:
+        ran.append(job.id)
+        _read_only_sessions(app, 5)  # the pooled connections now talk to a "demoted primary"
+
+    try:
+        job_id = app.enqueue("h")
+        assert app.work() == 1
+        job = app.get_job(job_id)
+        assert job is not None and job.state == "succeeded"
+        assert ran == [job_id]
+    finally:
+        app.close()
+
+
 def test_read_only_and_recovery_errors_are_recognised() -> None:
     import psycopg
     from psycopg import errors
