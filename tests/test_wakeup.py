@@ -179,7 +179,7 @@ def succeeded(app: Scheduler) -> int:
 
 # -- the pieces -------------------------------------------------------------------------------
 def test_payloads_say_the_queue_and_when() -> None:
-    wake = _wakeup._Wake()
+    wake = _wakeup._common.Wake()
     wake.add("default", None)
     wake.add("default", None)
     wake.add("mail box", 1_900_000_000.25)
@@ -268,7 +268,9 @@ def _write_job(app: Scheduler, *, commit: bool) -> None:
 def test_a_rolled_back_enqueue_wakes_nobody_postgresql(pg_url: str) -> None:
     app = make_app(pg_url)
     waiter = _wakeup.Waiter(threading.Event(), ["default"], app.clock)
-    source = _wakeup._PostgresSource(app.store.database.listen_url, app.store.engine, waiter)
+    source = _wakeup._postgres.PostgresSource(
+        app.store.database.listen_url, app.store.engine, waiter
+    )
     source.start()
     try:
         wait_for(lambda: waiter.heard == 1, what="the LISTEN connection")  # its first look
@@ -352,8 +354,8 @@ def test_this_process_s_workers_are_woken_after_the_commit_only(
     app = make_app(make_url(backend, tmp_path, sqlite_template))
     waiter = _wakeup.Waiter(threading.Event(), ["default"], app.clock)
     key = _wakeup.database_key(app.store.engine)
-    with _wakeup._local_lock:
-        _wakeup._local.setdefault(key, []).append(waiter)
+    with _wakeup._process.local_lock:
+        _wakeup._process.local_waiters.setdefault(key, []).append(waiter)
     try:
         _write_job(app, commit=False)
         assert waiter.heard == 0
@@ -366,8 +368,8 @@ def test_this_process_s_workers_are_woken_after_the_commit_only(
         app.enqueue("wake.stamp")  # (on PostgreSQL its NOTIFY rides in the INSERT)
         assert waiter.heard == 2
     finally:
-        with _wakeup._local_lock:
-            _wakeup._local[key].remove(waiter)
+        with _wakeup._process.local_lock:
+            _wakeup._process.local_waiters[key].remove(waiter)
         app.close()
 
 
@@ -381,8 +383,8 @@ def test_announce_on_a_session_s_connection_publishes_at_its_commit(
     app = make_app(make_url("sqlite", tmp_path, sqlite_template))
     waiter = _wakeup.Waiter(threading.Event(), ["default"], app.clock)
     key = _wakeup.database_key(app.store.engine)
-    with _wakeup._local_lock:
-        _wakeup._local.setdefault(key, []).append(waiter)
+    with _wakeup._process.local_lock:
+        _wakeup._process.local_waiters.setdefault(key, []).append(waiter)
     values = new_job_values(handler="wake.stamp", payload="{}", now=datetime.now(UTC))
     try:
         with Session(app.store.engine) as session:
@@ -397,8 +399,8 @@ def test_announce_on_a_session_s_connection_publishes_at_its_commit(
             session.commit()
             assert waiter.heard == 1
     finally:
-        with _wakeup._local_lock:
-            _wakeup._local[key].remove(waiter)
+        with _wakeup._process.local_lock:
+            _wakeup._process.local_waiters[key].remove(waiter)
         app.close()
 
 
@@ -434,7 +436,7 @@ def test_a_sqlite_worker_does_not_wake_itself(tmp_path: Path, sqlite_template: P
 def test_the_broker_wakes_one_worker_per_job(redis_server: RedisServer, pg_url: str) -> None:
     app = make_app(pg_url, broker_url=redis_server.url)
     waiters = [_wakeup.Waiter(threading.Event(), ["default"], app.clock) for _ in range(3)]
-    sources = [_wakeup._BrokerSource(redis_server.url, "scheduler", w) for w in waiters]
+    sources = [_wakeup._broker.BrokerSource(redis_server.url, "scheduler", w) for w in waiters]
     for source in sources:
         source.start()
     try:
@@ -466,15 +468,15 @@ def test_the_process_wakes_one_worker_per_job_with_a_free_slot(pg_url: str) -> N
         for i in range(3)
     ]
     key = _wakeup.database_key(app.store.engine)
-    with _wakeup._local_lock:
-        _wakeup._local.setdefault(key, []).extend(waiters)
+    with _wakeup._process.local_lock:
+        _wakeup._process.local_waiters.setdefault(key, []).extend(waiters)
     try:
         app.enqueue("wake.stamp")
         assert [w.heard for w in waiters] == [0, 1, 0]  # the busy one is passed over
     finally:
-        with _wakeup._local_lock:
+        with _wakeup._process.local_lock:
             for waiter in waiters:
-                _wakeup._local[key].remove(waiter)
+                _wakeup._process.local_waiters[key].remove(waiter)
         app.close()
 
 
@@ -643,7 +645,7 @@ def test_behind_a_pooler_without_listen_url_workers_poll_and_status_says_so(
     monkeypatch.delenv("SCHEDULER_DATABASE_LISTEN_URL", raising=False)
     app = make_app(pg_url, pooler="transaction")
     waiter = _wakeup.Waiter(threading.Event(), ["default"], app.clock)
-    _wakeup._said.discard("no_listen")
+    _wakeup._common.said.discard("no_listen")
     listening = _wakeup.listen(app, waiter)
     try:
         assert "notify" not in listening.how and not listening.sources
@@ -671,7 +673,9 @@ def test_wake_ups_off_announce_nothing(pg_url: str) -> None:
     app = make_app(pg_url, wakeups=False)
     waiter = _wakeup.Waiter(threading.Event(), ["default"], app.clock)
     listening = _wakeup.listen(app, waiter)
-    source = _wakeup._PostgresSource(app.store.database.listen_url, app.store.engine, waiter)
+    source = _wakeup._postgres.PostgresSource(
+        app.store.database.listen_url, app.store.engine, waiter
+    )
     source.start()
     try:
         assert listening.how == []
@@ -691,8 +695,8 @@ def test_mariadb_without_a_broker_says_it_polls(
     url = make_url("mariadb", tmp_path, sqlite_template)
     assert url == MYSQL_URL
     app = make_app(url)
-    _wakeup._said.discard("no_notify_mysql")
-    _wakeup._said.discard("no_notify_mariadb")
+    _wakeup._common.said.discard("no_notify_mysql")
+    _wakeup._common.said.discard("no_notify_mariadb")
     listening = _wakeup.listen(app, _wakeup.Waiter(threading.Event(), ["default"], app.clock))
     try:
         assert listening.how == ["process"]
