@@ -80,14 +80,10 @@ class _UniqueKey(String):
     collations ignore case and accents, which would make "Report" and "report" (or "café" and
     "cafe") one key: there it is binary-collated utf8mb4."""
 
-    cache_ok = True
-
 
 class _Payload(Text):
     """A job's JSON payload. MariaDB/MySQL's TEXT holds 65,535 bytes, one short of the default
     64 KiB payload limit: there it is MEDIUMTEXT."""
-
-    cache_ok = True
 
 
 @compiles(_UniqueKey, "mysql", "mariadb")
