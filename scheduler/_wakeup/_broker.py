@@ -141,7 +141,6 @@ class BrokerSource(Source):
     def __init__(self, url: str, prefix: str, waiter: Waiter) -> None:
         super().__init__(waiter)
         self.url, self.prefix = url, prefix
-        self._client: Any = None
         self.keys = {token_key(prefix, queue): queue for queue in sorted(waiter.queues)}
 
     def _interrupt(self) -> None:
@@ -176,12 +175,6 @@ class BrokerSource(Source):
             found = parse_payload(f"{value} {self.keys.get(key, '*')}")
             if found is not None:
                 self.waiter.notice(*found)
-
-    def _close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.close()
 
 
 def broker_problem(url: str) -> str | None:

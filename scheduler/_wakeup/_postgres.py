@@ -3,7 +3,6 @@ own that listens (``LISTEN``)."""
 
 from __future__ import annotations
 
-import contextlib
 import select
 from typing import Any
 
@@ -67,7 +66,6 @@ class PostgresSource(PipedSource):
         super().__init__(waiter)
         self.url = url
         self.engine = engine
-        self._conn: Any = None
         self.backend_pid: int | None = None  # the LISTEN connection's server process (tests)
 
     def _serve(self) -> None:
@@ -75,7 +73,7 @@ class PostgresSource(PipedSource):
         from psycopg import pq, sql
 
         args, kwargs = listen_connect_args(self.url, self.engine)
-        self._conn = conn = psycopg.connect(*args, autocommit=True, **kwargs)
+        self._client = conn = psycopg.connect(*args, autocommit=True, **kwargs)
         row = conn.execute(f"SELECT {CHANNEL_SQL}, pg_backend_pid()").fetchone()
         assert row is not None
         channel, self.backend_pid = row
@@ -93,9 +91,3 @@ class PostgresSource(PipedSource):
                 found = parse_payload(note.extra.decode())
                 if found is not None:
                     self.waiter.notice(*found)
-
-    def _close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()

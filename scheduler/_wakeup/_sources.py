@@ -7,6 +7,7 @@ import contextlib
 import os
 import threading
 import time
+from typing import Any
 
 from ._common import RECONNECT_MAX, RECONNECT_MIN, first_line, log
 from ._process import Waiter
@@ -26,6 +27,7 @@ class Source:
         self._thread.daemon = True
         self.lost_at: float | None = None  # time.monotonic() when the connection was lost
         self._backoff = RECONNECT_MIN
+        self._client: Any = None  # the connection _serve opened (a psycopg or Redis client)
 
     def start(self) -> None:
         self._thread.start()
@@ -77,7 +79,11 @@ class Source:
         raise NotImplementedError
 
     def _close(self) -> None:
-        pass
+        """After ``_serve`` ended (stopped, or the connection lost): close what it opened."""
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
 
 
 class PipedSource(Source):
