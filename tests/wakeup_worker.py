@@ -91,7 +91,9 @@ def main() -> None:
                 pid = getattr(source, "backend_pid", 0) or pid
             # the source has connected (or is a watcher): give it a moment to be listening
             time.sleep(0.2)
-        Path(args.out + ".ready").write_text(f"READY {pid}\n")
+        # Written whole, then renamed into place: the test reads it as soon as it exists.
+        Path(args.out + ".ready.tmp").write_text(f"READY {pid}\n")
+        os.replace(args.out + ".ready.tmp", args.out + ".ready")
 
     threading.Thread(target=announce_ready, daemon=True).start()
     worker.run(install_signals=True)
