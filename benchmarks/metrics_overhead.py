@@ -45,8 +45,9 @@ from _bench import (
 from sqlalchemy import delete
 
 from scheduler import Scheduler
-from scheduler._config import MetricsSettings, TaskSpec
+from scheduler._config import MetricsSettings
 from scheduler._handlers import Registry
+from scheduler._model.rows import TaskSpec
 from scheduler._store.tables import metadata
 from scheduler._worker import Worker
 

@@ -232,8 +232,8 @@ def cron_latency(url: str, samples: int, tasks: int = 10) -> list[float]:
     ``created_at`` (the instant the tick began, before its due query and the dispatch's
     commit) to its handler's first line."""
     from scheduler import Scheduler
-    from scheduler._config import TaskSpec
     from scheduler._handlers import Registry
+    from scheduler._model.rows import TaskSpec
     from scheduler._store.tables import jobs
 
     folder = Path(tempfile.mkdtemp(prefix="wakeup-bench-"))

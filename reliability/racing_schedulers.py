@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as c
 
-from scheduler._cron import next_after
+from scheduler._model.cron import next_after
 
 TIMEZONES = ("UTC", "Europe/Berlin", "Asia/Kolkata", "America/New_York")
 

@@ -13,9 +13,10 @@ if TYPE_CHECKING:
     from . import signals
     from ._app import Scheduler, default_registry
     from ._backfill import BackfillResult
-    from ._config import AppConfig, TaskSpec, load_config
+    from ._config import AppConfig, load_config
     from ._errors import (
         ConfigError,
+        JobStateError,
         LeaseLost,
         PayloadError,
         PermanentError,
@@ -23,10 +24,10 @@ if TYPE_CHECKING:
         SchemaOutdated,
         UnknownRow,
     )
+    from ._model.job import Job
+    from ._model.rows import SyncPlan, TaskRow, TaskSpec
     from ._runner import RunningJob, current_job
     from ._store.audit import AuditEntry
-    from ._store.jobs import Job, JobStateError
-    from ._store.rows import SyncPlan, TaskRow
     from ._tick import TickReport
 
     __version__: str
@@ -37,8 +38,8 @@ _WHERE = {
     "AuditEntry": "._store.audit",
     "BackfillResult": "._backfill",
     "ConfigError": "._errors",
-    "Job": "._store.jobs",
-    "JobStateError": "._store.jobs",
+    "Job": "._model.job",
+    "JobStateError": "._errors",
     "LeaseLost": "._errors",
     "PayloadError": "._errors",
     "PermanentError": "._errors",
@@ -46,10 +47,10 @@ _WHERE = {
     "Scheduler": "._app",
     "SchedulerError": "._errors",
     "SchemaOutdated": "._errors",
-    "SyncPlan": "._store.rows",
-    "TaskRow": "._store.rows",
-    "TaskSpec": "._config",
-    "TickReport": "._tick",
+    "SyncPlan": "._model.rows",
+    "TaskRow": "._model.rows",
+    "TaskSpec": "._model.rows",
+    "TickReport": "._model.report",
     "UnknownRow": "._errors",
     "current_job": "._runner",
     "default_registry": "._app",

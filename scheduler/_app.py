@@ -18,7 +18,7 @@ from sqlalchemy import URL, Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
-from . import _limits, _migrate, _wakeup, signals
+from . import _migrate, _wakeup, signals
 from ._caller import CallerTransaction, adopt
 from ._config import (
     AppConfig,
@@ -26,15 +26,16 @@ from ._config import (
     DashboardSettings,
     MetricsSettings,
     SchedulerSettings,
-    TaskSpec,
     WorkerSettings,
     broker_settings,
-    database_settings,
     load_config,
-    normalize_database_url,
 )
-from ._errors import ConfigError, SchedulerError, SchemaOutdated, UnknownRow
+from ._errors import ConfigError, JobStateError, SchedulerError, SchemaOutdated, UnknownRow
 from ._handlers import AbandonedHook, F, Registry, TenantContext
+from ._model import rules as _rules
+from ._model.job import Job
+from ._model.rows import SyncPlan, TaskRow, TaskSpec
+from ._model.time import Clock, as_utc, iso
 from ._retry import retry
 from ._store import Store, make_engine
 from ._store import audit as _audit
@@ -44,10 +45,7 @@ from ._store import health as _health
 from ._store import jobs as _jobs
 from ._store import rows as _rows
 from ._store.audit import AuditEntry
-from ._store.engine import DatabaseSettings
-from ._store.jobs import Job
-from ._store.rows import SyncPlan, TaskRow
-from ._time import Clock, as_utc, iso
+from ._store.settings import DatabaseSettings, database_settings, normalize_database_url
 
 if TYPE_CHECKING:
     import asyncio
@@ -615,15 +613,15 @@ class Scheduler:
             if not _INT_MIN <= number <= _INT_MAX:  # an INTEGER column on every engine
                 raise ValueError(f"{name} {number} is outside {_INT_MIN}..{_INT_MAX}")
         if tenant is not None:
-            _jobs.check_tenant(tenant)
-        from ._payload import encode_payload
+            _rules.check_tenant(tenant)
+        from ._model.payload import encode_payload
 
         text = encode_payload(payload, self.settings.payload_limit_bytes)
         default_attempts, default_queue = self._job_defaults(handler)
         if max_attempts is not None and max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         queue = queue or default_queue
-        _jobs.check_text(handler=handler, queue=queue, dedupe_key=dedupe_key)
+        _rules.check_text(handler=handler, queue=queue, dedupe_key=dedupe_key)
         return _jobs.new_job_values(
             handler=handler,
             payload=text,
@@ -703,7 +701,7 @@ class Scheduler:
         with self.store.read() as conn:
             found = _jobs.history(conn, job_id)
             if not found and not _jobs.job_exists(conn, job_id):
-                raise _jobs.JobStateError(f"no job {job_id}")
+                raise JobStateError(f"no job {job_id}")
             return found
 
     def retry_job(
@@ -789,13 +787,13 @@ class Scheduler:
         """Jobs, newest first, ``limit`` of them (50 by default), filtered by each argument
         given. ``state`` must be one of queued, claimed, succeeded, aborted. A ``task`` that
         no row has and no kept job names raises :class:`~scheduler.UnknownRow`."""
-        if state is not None and state not in _jobs.STATES:
-            raise ValueError(f"state {state!r}: expected one of {', '.join(_jobs.STATES)}")
+        if state is not None and state not in _rules.STATES:
+            raise ValueError(f"state {state!r}: expected one of {', '.join(_rules.STATES)}")
         if limit < 1:
             raise ValueError("limit must be at least 1")
-        if tenant is not None and (problem := _jobs.tenant_problem(tenant)) is not None:
+        if tenant is not None and (problem := _rules.tenant_problem(tenant)) is not None:
             raise ValueError(f"tenant: {problem}")  # no job can have it: say so, not "no jobs"
-        _jobs.check_text(handler=handler, queue=queue)  # longer: no job can have it
+        _rules.check_text(handler=handler, queue=queue)  # longer: no job can have it
         with self.store.read() as conn:
             found = _jobs.list_jobs(
                 conn,
@@ -817,7 +815,7 @@ class Scheduler:
         end: datetime,
         *,
         dry_run: bool = False,
-        max_slots: int = _limits.BACKFILL_MAX,
+        max_slots: int = _rules.BACKFILL_MAX,
         reason: str | None = None,
         actor: str | None = None,
     ) -> _backfill.BackfillResult:
@@ -885,7 +883,7 @@ class Scheduler:
                 return found
             if job_id is not None:
                 if job is None:
-                    raise _jobs.JobStateError(f"no job {job_id}")
+                    raise JobStateError(f"no job {job_id}")
             else:
                 _known_task(conn, name)
             return found

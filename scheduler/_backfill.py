@@ -23,22 +23,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from sqlalchemy import Connection, insert, select, update
 
-from . import _cron, _limits
 from ._errors import SchedulerError, UnknownRow
+from ._model import rules as _limits
+from ._model import slots as _slots
+from ._model.time import iso
 from ._store import jobs as _jobs
 from ._store.tables import decisions, jobs, rows, runs
-from ._time import iso
 
 #: ``--max``: a backfill of more slots than this is refused unless told otherwise.
 DEFAULT_MAX = _limits.BACKFILL_MAX
 _CHUNK = 500  # slots per IN list
-_EPSILON = timedelta(microseconds=1)
 
 
 class VersionMoved(Exception):
@@ -78,30 +77,6 @@ class BackfillResult:
             "taken": [iso(s) for s in self.taken],
             "enqueued": [{"slot": iso(s), "job_id": i} for s, i in self.enqueued.items()],
         }
-
-
-def localize(value: datetime, zone: str) -> datetime:
-    """An aware instant in UTC; a naive ``value`` is a wall-clock time in ``zone``."""
-    if value.tzinfo is None or value.utcoffset() is None:
-        value = value.replace(tzinfo=ZoneInfo(zone))
-    return value.astimezone(UTC)
-
-
-def slots(
-    cron: str, zone: str, name: str, start: datetime, end: datetime, limit: int
-) -> list[datetime]:
-    """The slots in ``[start, end)``, oldest first; at most ``limit + 1`` (one more than
-    ``limit`` says "too many" without walking a huge range to its end)."""
-    found: list[datetime] = []
-    at = start - _EPSILON  # next_after is strictly after: ``start`` itself may be a slot
-    while len(found) <= limit:
-        slot = _cron.next_after(cron, zone, at, name)
-        if slot >= end:
-            break
-        if slot >= start:
-            found.append(slot)
-        at = slot
-    return found
 
 
 def _taken(conn: Connection, name: str, wanted: list[datetime]) -> set[datetime]:
@@ -151,7 +126,7 @@ def backfill(
     ).first()
     if row is None:
         raise UnknownRow(f"no task named {name!r} (run `scheduler sync`?)")
-    start, end = localize(start, row.timezone), localize(end, row.timezone)
+    start, end = _slots.localize(start, row.timezone), _slots.localize(end, row.timezone)
     if start >= end:
         raise SchedulerError(
             f"backfill {name!r}: --from {iso(start)} is not before --to {iso(end)}"
@@ -161,7 +136,7 @@ def backfill(
             f"backfill {name!r}: --to {iso(end)} is in the future (now {iso(now)}):"
             " backfill runs slots that have passed; the tick runs the coming ones"
         )
-    found = slots(row.cron, row.timezone, name, start, end, max_slots)
+    found = _slots.backfill_slots(row.cron, row.timezone, name, start, end, max_slots)
     if len(found) > max_slots:
         raise SchedulerError(
             f"backfill {name!r}: more than {max_slots:,} slots from {iso(start)} to"

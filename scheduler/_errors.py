@@ -26,6 +26,10 @@ class UnknownRow(SchedulerError, LookupError):
     """No task has that name."""
 
 
+class JobStateError(SchedulerError):
+    """The job is not in the state this operation needs."""
+
+
 class LeaseLost(SchedulerError):
     """The job's lease expired or was taken over; this worker may no longer finish it."""
 

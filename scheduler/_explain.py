@@ -13,21 +13,23 @@ dashboard's Task page shows it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import Connection, bindparam, select
 
-from . import _cron
 from ._errors import UnknownRow
+from ._model import slots as _slots
+from ._model.job import Job
+from ._model.rows import TaskRow
+from ._model.time import in_zone, iso
 from ._store import decisions as _decisions
-from ._store.jobs import Job, run_number
-from ._store.rows import TaskRow, _view
+from ._store.jobs import run_number
+from ._store.rows import _view
 from ._store.tables import jobs, rows, runs
-from ._time import in_zone, iso, offset_in
 
-NEXT_FIRES = 10
+NEXT_FIRES = _slots.NEXT_FIRES
 DECISIONS = 20
 RUNS = 10
 
@@ -94,7 +96,7 @@ def read(conn: Connection, name: str, runs: int = RUNS) -> Read | None:
     job = None
     if m["job_id"] is not None:
         columns = {c.name: m[f"job_{c.name}"] for c in jobs.c}
-        job = Job.from_row(_JobRow(columns))  # type: ignore[arg-type]
+        job = Job.from_row(_JobRow(columns))
     entries = _decisions.recent(conn, name, DECISIONS)
     found_runs = [dict(r._mapping) for r in conn.execute(_RUNS, {"p_name": name, "p_limit": runs})]
     return Read(
@@ -116,44 +118,12 @@ def _clock(value: datetime | None, zone: str) -> str:
     return text if zone in ("UTC", "Etc/UTC") else f"{text} ({value:%H:%M:%S} UTC)"
 
 
-def _offset(delta: timedelta | None) -> str:
-    minutes = int((delta or timedelta(0)).total_seconds() // 60)
-    sign = "+" if minutes >= 0 else "-"
-    return f"UTC{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
-
-
-def next_fires(row: TaskRow, now: datetime, count: int = NEXT_FIRES) -> list[dict[str, Any]]:
-    """The row's next `count` slots from its ``next_run_at`` (from `now` when disabled): each
-    with its nominal slot, the instant it fires (jitter added), local and UTC, and ``dst``
-    set where the zone's UTC offset differs from the previous fire's (``UTC+01:00 →
-    UTC+02:00``); ``dst_case`` is ``dst_gap`` for a slot moved out of a spring-forward gap."""
-    zone = ZoneInfo(row.timezone)
-    if row.enabled and row.next_run_at is not None:
-        slot = _cron.slot_of(row.cron, row.timezone, row.name, row.next_run_at, row.jitter)
-        start = min(slot, now)
-    else:
-        start = now
-        slot = _cron.next_after(row.cron, row.timezone, now, row.name)
-    fires: list[dict[str, Any]] = []
-    previous = offset_in(zone, start)
-    before = start
-    for _ in range(count):
-        at = slot + _cron.jitter_delay(row.name, slot, row.jitter)
-        offset = offset_in(zone, slot)
-        cases = _cron.dst_notes(row.cron, row.timezone, row.name, before, slot)
-        fires.append(
-            {
-                "slot": iso(slot),
-                "at": iso(at),
-                "local": in_zone(at, zone).isoformat(),
-                "dst": None if offset == previous else f"{_offset(previous)} → {_offset(offset)}",
-                "dst_case": next((kind for kind, when in cases if when == slot), None),
-                "skipped_repeats": [iso(when) for kind, when in cases if kind == "dst_repeat"],
-            }
-        )
-        previous, before = offset, slot
-        slot = _cron.next_after(row.cron, row.timezone, slot, row.name)
-    return fires
+def _fires(row: TaskRow, now: datetime) -> list[dict[str, Any]]:
+    """The next fires of an enabled row (none for a disabled one), as ``explain`` shows them."""
+    if not row.enabled:
+        return []
+    fires = _slots.next_fires(row, now, NEXT_FIRES, next_run_at=row.next_run_at)
+    return [fire.as_dict() for fire in fires]
 
 
 def policies(row: TaskRow, global_limit: int) -> dict[str, Any]:
@@ -319,7 +289,7 @@ def build(found: Read, now: datetime, global_limit: int) -> dict[str, Any]:
         if job is None
         else {k: iso(v) if isinstance(v, datetime) else v for k, v in job.items()},
         # A disabled task fires nothing until enabled (which computes its next run from then).
-        "next_fires": next_fires(row, now) if row.enabled else [],
+        "next_fires": _fires(row, now),
         "decisions": [_decision(e) for e in entries],
         "runs": [_run(r) for r in found.runs[:RUNS]],
     }

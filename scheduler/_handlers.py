@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ._store.jobs import check_text
+from ._model.rules import check_text
 
 HandlerFunc = Callable[[Any], Any]
 AbandonedHook = Callable[[Any], Any]

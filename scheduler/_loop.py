@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from ._store.jobs import Job
+from ._model.job import Job
 
 log = logging.getLogger(__name__)
 

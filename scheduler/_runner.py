@@ -28,16 +28,20 @@ from sqlalchemy.exc import DBAPIError
 from . import _wakeup, signals
 from ._errors import LeaseLost, PermanentError
 from ._handlers import Handler, Registry, error_code, is_async_callable
+from ._model.backoff import Backoff, delay_after
+from ._model.job import Job
+from ._model.rules import ABORTED, QUEUED, SUCCEEDED
 from ._retry import is_transient, retry
 from ._store import Store
 from ._store import jobs as _jobs
 from ._store.cursor import ClaimCursor
-from ._store.jobs import ABORTED, QUEUED, SUCCEEDED, Job
 from ._store.tables import runs
 
 log = logging.getLogger(__name__)
 
 RECORD_WITHIN = 0.5  # seconds a finished attempt may wait to be written with others
+# While the database is away, recording outcomes is tried again after 0.2 s, doubling to 5 s.
+RECORD_RETRY_FIRST, RECORD_RETRY_CAP = 0.2, 5.0
 
 #: Stable codes of the outcomes the runner decides itself.
 TENANT_CONTEXT_FAILED = "tenant_context_failed"  # the tenant's context did not enter
@@ -502,9 +506,7 @@ class Runner:
 
     def backoff(self, attempts: int) -> timedelta:
         """1, 2, 4 ... times the base after each failed attempt, capped."""
-        factor = 2 ** min(max(attempts - 1, 0), 40)
-        delay: timedelta = min(self.backoff_base * factor, self.backoff_max)
-        return delay
+        return delay_after(attempts, self.backoff_base, self.backoff_max)
 
     @staticmethod
     def _hook(handler: Handler) -> Callable[[Any], Any] | None:
@@ -564,7 +566,7 @@ class Runner:
         if not outcomes:
             return []
         items = [o.finish_args() for o in outcomes]
-        delay = 0.2
+        backoff = Backoff(RECORD_RETRY_FIRST, RECORD_RETRY_CAP)
         deadline = time.monotonic() + self.lease.total_seconds() / 2
         while True:
             try:
@@ -574,6 +576,7 @@ class Runner:
                 # The database went away (a restart), or the connection now reaches a server
                 # that answers read-only (a switchover): the handlers' work is done, so keep
                 # trying while the leases still hold rather than leave it to a takeover.
+                delay = backoff.next()
                 if not is_transient(exc) or time.monotonic() + delay > deadline:
                     raise
                 log.warning(
@@ -583,7 +586,6 @@ class Runner:
                     extra={"action": "record_retry"},
                 )
                 time.sleep(delay)
-                delay = min(delay * 2, 5.0)
         results: list[str] = []
         committed: list[tuple[Job, str]] = []
         for outcome, view in zip(outcomes, views, strict=True):

@@ -18,7 +18,7 @@ from ._errors import ConfigError
 
 if TYPE_CHECKING:
     from ._app import Scheduler
-    from ._store.jobs import Job
+    from ._model.job import Job
     from ._tick import TickReport
     from .metrics import Metrics
 

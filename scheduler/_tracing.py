@@ -25,9 +25,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._model.job import Job
+    from ._model.report import TickReport
     from ._runner import Outcome
-    from ._store.jobs import Job
-    from ._tick.report import TickReport
 
 TRACER_NAME = "scheduler"
 SYSTEM = "scheduler"

@@ -50,10 +50,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import _wakeup
 from ._loop import LoopThread
+from ._model.backoff import Backoff
+from ._model.job import Job
 from ._retry import is_transient
 from ._runner import Outcome, Recorder
 from ._store import health as _health
-from ._store.jobs import Job
 from ._telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -208,7 +209,7 @@ class Worker:
     def _start_up(self, step: Any) -> None:
         """Run a start-up `step`, again after a back-off on a transient database error (a
         connection cut at that moment), up to ``START_ATTEMPTS`` times in all."""
-        backoff = BACKOFF_MIN
+        backoff = Backoff(BACKOFF_MIN, BACKOFF_MAX)
         for attempt in range(1, START_ATTEMPTS + 1):
             try:
                 step()
@@ -216,9 +217,9 @@ class Worker:
             except Exception as exc:
                 if not is_transient(exc) or attempt == START_ATTEMPTS:
                     raise
-                self._log_error("starting", exc, backoff)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX)
+                wait = backoff.next()
+                self._log_error("starting", exc, wait)
+                time.sleep(wait)
 
     def _start_loop(self) -> None:
         """The event loop thread, if any handler is ``async def`` (and jobs are run at all)."""
@@ -284,7 +285,7 @@ class Worker:
         ticker = threading.Thread(target=self._tick_loop, name="scheduler-tick", daemon=True)
         ticker.start()
         next_housekeeping = time.monotonic()
-        backoff = BACKOFF_MIN
+        backoff = Backoff(BACKOFF_MIN, BACKOFF_MAX)
         try:
             while not self._stopping:
                 self._wake.clear()
@@ -294,11 +295,11 @@ class Worker:
                         next_housekeeping = time.monotonic() + HOUSEKEEPING_SECONDS
                         self._housekeeping()
                     self._touch()
-                    backoff = BACKOFF_MIN
+                    backoff.reset()
                 except Exception as exc:
-                    self._log_error("worker loop", exc, backoff)
-                    self._wake.wait(backoff)
-                    backoff = min(backoff * 2, BACKOFF_MAX)
+                    wait = backoff.next()
+                    self._log_error("worker loop", exc, wait)
+                    self._wake.wait(wait)
                     continue
                 self._wake.wait(POLL_SECONDS)
         finally:
@@ -309,7 +310,7 @@ class Worker:
         """Tick on the grid until the worker stops; a failing tick backs off, the jobs go on."""
         interval = self.app.settings.tick_interval
         offset = tick_offset(self.app.worker_id, interval)
-        tick_backoff = BACKOFF_MIN
+        backoff = Backoff(BACKOFF_MIN, BACKOFF_MAX)
         wait = 0.0
         while not self._tick_stop.wait(wait):
             try:
@@ -319,11 +320,10 @@ class Worker:
                 # skips the grid points it overran).
                 wall = self.app.clock().timestamp()  # the grid of the clock that decides
                 wait = until_next_tick(wall, interval, offset)
-                tick_backoff = BACKOFF_MIN
+                backoff.reset()
             except Exception as exc:
-                self._log_error("tick", exc, tick_backoff)
-                wait = tick_backoff
-                tick_backoff = min(tick_backoff * 2, BACKOFF_MAX)
+                wait = backoff.next()
+                self._log_error("tick", exc, wait)
 
     def _once(self, pool: ThreadPoolExecutor) -> None:
         self._tick()

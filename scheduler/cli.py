@@ -28,12 +28,12 @@ from zoneinfo import ZoneInfo
 import click
 
 from ._errors import ConfigError, SchedulerError
-from ._limits import AUDIT_LIMIT, BACKFILL_MAX, JOB_STATES, LIST_LIMIT
-from ._time import in_zone, iso
+from ._model.rules import AUDIT_LIMIT, BACKFILL_MAX, JOB_STATES, LIST_LIMIT
+from ._model.time import in_zone, iso
 
 if TYPE_CHECKING:
     from ._app import Scheduler
-    from ._store.jobs import Job
+    from ._model.job import Job
 
 # Each command imports what it needs when it runs: `scheduler --help` imports no SQLAlchemy,
 # Alembic or croniter (tests/test_cli.py counts), and `status` no Alembic.
@@ -609,7 +609,7 @@ RUNS_HEADER = "RUN|ATTEMPT|STARTED (UTC)|FINISHED (UTC)|OUTCOME|ERROR|WORKER"
 @pass_state
 def job(state: State, job_id: int, as_json: bool) -> None:
     """Show job ID and its attempts (the run history)."""
-    from ._store.jobs import JobStateError
+    from ._errors import JobStateError
 
     app = state.open()
     found = app.get_job(job_id)

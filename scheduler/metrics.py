@@ -63,8 +63,9 @@ from sqlalchemy import (
     union_all,
 )
 
+from ._model.job import Job
+from ._model.rules import QUEUED, STATES, SUCCEEDED
 from ._store import horizon as _horizon
-from ._store.jobs import QUEUED, STATES, SUCCEEDED, Job
 from ._store.tables import UTCDateTime, jobs, rows, workers
 
 if TYPE_CHECKING:

@@ -28,10 +28,10 @@ from blinker import NamedSignal
 from sqlalchemy import func, select, true
 
 from . import signals as _signals
-from ._store.jobs import CLAIMED, QUEUED
+from ._model.rules import CLAIMED, QUEUED
+from ._model.time import as_utc
 from ._store.tables import jobs, rows
 from ._tick import DISPATCHED, RERUN, TickReport
-from ._time import as_utc
 
 if TYPE_CHECKING:
     from ._app import Scheduler

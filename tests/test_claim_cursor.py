@@ -16,6 +16,7 @@ from sqlalchemy import create_engine, insert, text
 
 from scheduler import Scheduler
 from scheduler._handlers import Registry
+from scheduler._model.job import Job
 from scheduler._store import cursor as _cursor
 from scheduler._store import horizon as _horizon
 from scheduler._store import jobs as _jobs
@@ -36,8 +37,8 @@ class Clock:
         return self.now
 
 
-def job(i: int, priority: int = 0) -> _jobs.Job:
-    return _jobs.Job(
+def job(i: int, priority: int = 0) -> Job:
+    return Job(
         id=i,
         handler="h",
         state="claimed",
@@ -63,7 +64,7 @@ def test_the_cursor_starts_after_slow_sweeps_and_ends_with_a_fast_one() -> None:
     cursor = _cursor.ClaimCursor(enabled=True, clock=clock)
     n = iter(range(1, 1000))
 
-    def run(after: Any) -> list[_jobs.Job]:
+    def run(after: Any) -> list[Job]:
         seen.append(after)
         return [job(next(n))]
 

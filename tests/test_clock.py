@@ -23,11 +23,11 @@ from scheduler import Scheduler, TaskSpec
 from scheduler._config import parse_config
 from scheduler._errors import ConfigError
 from scheduler._handlers import Registry
+from scheduler._model.time import utcnow
 from scheduler._store import Store
 from scheduler._store import health as _health
 from scheduler._store.clock import CLOCK_ENV, DatabaseClock, choose
 from scheduler._store.tables import jobs, runs
-from scheduler._time import utcnow
 from scheduler._worker import Worker
 from scheduler.testing import ManualClock
 

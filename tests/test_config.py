@@ -13,12 +13,12 @@ from scheduler._config import (
     AppConfig,
     DatabaseSettings,
     SchedulerSettings,
-    TaskSpec,
     WorkerSettings,
     load_config,
     parse_config,
 )
 from scheduler._errors import ConfigError
+from scheduler._model.rows import TaskSpec
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "app.example.toml"
 TASK = '[[tasks]]\nname = "x"\ncron = "0 3 * * *"\nhandler = "h"\n'

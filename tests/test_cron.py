@@ -8,8 +8,8 @@ from zoneinfo import ZoneInfo
 import pytest
 from freezegun import freeze_time
 
-from scheduler import _cron
-from scheduler._cron import has_fixed_hour, next_after, validate_cron, validate_timezone
+from scheduler._model import cron as _cron
+from scheduler._model.cron import has_fixed_hour, next_after, validate_cron, validate_timezone
 
 # Berlin: spring-forward 2026-03-29 02:00->03:00 (at 01:00Z),
 #         fall-back 2026-10-25 03:00->02:00 (at 01:00Z).

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from croniter import CroniterError, croniter
 
-from scheduler import _cron
+from scheduler._model import cron as _cron
 
 NAMES = [f"customer-{i:05d}" for i in range(150)] + ["a", "é-ü", "Report", "x y"]
 HASHED = [

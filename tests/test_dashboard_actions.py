@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy import update
 
 from scheduler import PermanentError, Scheduler, TaskSpec
+from scheduler._errors import JobStateError
 from scheduler._handlers import Registry
 from scheduler._store import jobs as _jobs
-from scheduler._store.jobs import JobStateError
 from scheduler._store.tables import jobs, rows
 
 T0 = datetime(2030, 1, 7, 12, 0, 0, tzinfo=UTC)

@@ -10,16 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler._store.tables import JobState
-from scheduler._tick.decide import (
-    REASON_FAILURES,
-    REASON_IN_FLIGHT,
-    Action,
-    Logged,
-    decide,
-)
-from scheduler._tick.due import DueRow
-from scheduler._tick.loop import next_slot as cron_next_slot
+from scheduler._model.decide import REASON_FAILURES, REASON_IN_FLIGHT, Action, Logged, decide
+from scheduler._model.rows import DueRow
+from scheduler._model.rules import JobState
+from scheduler._model.slots import next_slot as cron_next_slot
 
 NOW = datetime(2030, 1, 1, 12, 0, 30, tzinfo=UTC)
 NEXT = datetime(2030, 1, 1, 13, 0, tzinfo=UTC)

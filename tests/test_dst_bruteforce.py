@@ -24,8 +24,8 @@ from zoneinfo import ZoneInfo
 import pytest
 from freezegun import freeze_time
 
-from scheduler import _cron
-from scheduler._cron import next_after
+from scheduler._model import cron as _cron
+from scheduler._model.cron import next_after
 
 YEARS = (2024, 2025, 2026)
 MINUTE = timedelta(minutes=1)

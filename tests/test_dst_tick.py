@@ -24,8 +24,9 @@ from zoneinfo import ZoneInfo
 import pytest
 from freezegun import freeze_time
 
-from scheduler import Scheduler, TaskSpec, _cron
+from scheduler import Scheduler, TaskSpec
 from scheduler._handlers import Registry
+from scheduler._model import cron as _cron
 from scheduler.testing import DriveReport, ManualClock, Step, drive
 
 BERLIN = "Europe/Berlin"

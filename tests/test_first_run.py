@@ -246,7 +246,7 @@ def test_postgres_urls_without_a_driver_use_psycopg(pg_url: str, tmp_path: Path)
             assert app.status()["jobs"] == {"queued": 0, "claimed": 0, "succeeded": 0, "aborted": 0}
         finally:
             app.close()
-    from scheduler._config import normalize_database_url
+    from scheduler._store.settings import normalize_database_url
 
     assert normalize_database_url(plain, "x") == normalize_database_url(short, "x") == pg_url
     assert normalize_database_url("mysql://root@h/db", "x") == "mysql+pymysql://root@h/db"

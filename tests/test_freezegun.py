@@ -25,8 +25,9 @@ import pytest
 from conftest import make_url
 from freezegun import freeze_time
 
-from scheduler import Scheduler, TaskSpec, _cron
+from scheduler import Scheduler, TaskSpec
 from scheduler._handlers import Registry
+from scheduler._model import cron as _cron
 from scheduler.testing import ManualClock
 
 FIRST_IMPORT_FROZEN = textwrap.dedent(

@@ -24,6 +24,7 @@ from sqlalchemy.exc import OperationalError
 
 from scheduler import Scheduler, TaskSpec
 from scheduler._handlers import Registry
+from scheduler._model.job import Job
 from scheduler._retry import DEADLOCK, LOCK_WAIT_TIMEOUT, lock_conflict
 from scheduler._store import jobs as _jobs
 from scheduler._store import make_engine
@@ -140,7 +141,7 @@ def lock_row(name: str) -> Callable[[Connection], Any]:
     return lambda conn: conn.execute(select(rows.c.id).where(rows.c.name == name).with_for_update())
 
 
-def claimed(app: Scheduler, n: int = 1) -> list[_jobs.Job]:
+def claimed(app: Scheduler, n: int = 1) -> list[Job]:
     for _ in range(n):
         app.enqueue("h")
     got = app.runner().claim(n)

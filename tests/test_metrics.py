@@ -585,7 +585,7 @@ def test_run_time_histograms_read_as_prometheus_client_writes_them(tmp_path: Pat
 
 def test_every_tick_outcome_has_a_decision_series() -> None:
     """The decision counter reads the TickReport's lists by these names: one per outcome."""
-    from scheduler._tick.report import Outcome
+    from scheduler._model.report import Outcome
     from scheduler.metrics import DECISIONS
 
     assert sorted(DECISIONS) == sorted(o.value for o in Outcome)

@@ -26,6 +26,7 @@ from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from scheduler import LeaseLost, PayloadError, PermanentError, Scheduler, TaskSpec
+from scheduler._errors import JobStateError
 from scheduler._handlers import Registry
 from scheduler._runner import RunningJob
 from scheduler._store import jobs as _jobs
@@ -873,7 +874,7 @@ def test_purge_removes_old_succeeded_jobs_keeps_aborted_and_row_jobs(
     for job_id in (ancient_aborted, old_ok, old_aborted, pinned, old_queued, young_ok):
         assert (app.get_job(job_id) is None) == (job_id in gone), job_id
         if job_id in gone:  # purged with its history: no such job any more
-            with pytest.raises(_jobs.JobStateError, match=f"no job {job_id}"):
+            with pytest.raises(JobStateError, match=f"no job {job_id}"):
                 app.history(job_id)
         else:
             assert (app.history(job_id) == []) == (job_id == old_queued), job_id

@@ -16,16 +16,9 @@ from typing import Any
 import pytest
 from sqlalchemy import event, insert, select
 
-from scheduler import (
-    ConfigError,
-    PermanentError,
-    Scheduler,
-    TaskSpec,
-    _cron,
-    load_config,
-    signals,
-)
+from scheduler import ConfigError, PermanentError, Scheduler, TaskSpec, load_config, signals
 from scheduler._handlers import Registry
+from scheduler._model import cron as _cron
 from scheduler._store.tables import metadata, rows
 from scheduler.testing import ManualClock, capture_signals, drive
 

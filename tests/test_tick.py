@@ -26,10 +26,11 @@ from scheduler._dispatch import Dispatcher, Work
 from scheduler._dispatch.portable import PortableDispatcher
 from scheduler._dispatch.postgres import PostgresDispatcher
 from scheduler._handlers import Registry
+from scheduler._model.rows import DueRow
+from scheduler._model.slots import next_slot
 from scheduler._store.tables import jobs, rows
 from scheduler._tick import loop as tick_loop
-from scheduler._tick.due import DueRow, due
-from scheduler._tick.loop import next_slot
+from scheduler._tick.due import due
 from scheduler.testing import ManualClock, capture_signals, drive
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)

@@ -17,8 +17,9 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from scheduler import Scheduler, TaskSpec, _cron
+from scheduler import Scheduler, TaskSpec
 from scheduler._handlers import Registry
+from scheduler._model import slots as _slots
 from scheduler._store.tables import decisions, jobs, rows
 from scheduler.testing import ManualClock
 
@@ -193,12 +194,12 @@ def jittered_slots(name: str) -> list[datetime]:
     """The slots a jittered every-minute row dispatches over the racers' ticks, worked out with
     the cron functions (the row was synced at BASE)."""
     every = "* * * * *"
-    run_at = _cron.first_run(every, "UTC", name, BASE, JITTER)
+    run_at = _slots.first_run(every, "UTC", name, BASE, JITTER)
     found = []
     for i in range(1, STEPS + 1):
         if run_at <= minute(i):
-            found.append(_cron.slot_of(every, "UTC", name, run_at, JITTER))
-            run_at = _cron.next_run(every, "UTC", name, minute(i), JITTER)
+            found.append(_slots.slot_of(every, "UTC", name, run_at, JITTER))
+            run_at = _slots.next_run(every, "UTC", name, minute(i), JITTER)
     return found
 
 

@@ -526,7 +526,7 @@ def test_a_worker_process_starts_each_new_job_without_waiting_for_its_poll(
 
 
 def _task(name: str) -> Any:
-    from scheduler._config import TaskSpec
+    from scheduler._model.rows import TaskSpec
 
     return TaskSpec(name=name, cron="* * * * * *", handler="wake.stamp")
 

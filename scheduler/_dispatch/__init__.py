@@ -28,10 +28,10 @@ from typing import Protocol
 
 from sqlalchemy import Connection, Engine
 
+from .._model.decide import Decision
+from .._model.report import Outcome
+from .._model.rows import DueRow
 from .._store import Store
-from .._tick.decide import Decision
-from .._tick.due import DueRow
-from .._tick.report import Outcome
 
 AfterCommit = Callable[[Connection], object]
 """What to run once the row's transaction has committed (a signal, an alert)."""

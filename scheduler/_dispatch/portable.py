@@ -52,15 +52,16 @@ from sqlalchemy.sql import ClauseElement
 
 from .. import _retry, signals
 from .._alerts import Alert, cause, deliver
+from .._model.decide import Action, Decision, Entry, Logged
+from .._model.report import Outcome
+from .._model.rows import DueRow
+from .._model.rules import JobState
 from .._store import Store
 from .._store import decisions as _decisions
 from .._store import jobs as _jobs
 from .._store import locks as _locks
 from .._store.driver import CursorEvents, Prepared, PreparedSet, cursor_events
-from .._store.tables import JobState, decisions, jobs, rows
-from .._tick.decide import Action, Decision, Entry, Logged
-from .._tick.due import DueRow
-from .._tick.report import Outcome
+from .._store.tables import decisions, jobs, rows
 from . import Carried, Decided, Done, Work
 
 # The tick's records (a row disabled) keep the logger operators know them by.

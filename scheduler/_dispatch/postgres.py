@@ -35,13 +35,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql import ClauseElement
 
+from .._model.decide import Action, Decision, Logged
+from .._model.report import Outcome
+from .._model.rows import DueRow
 from .._store import Store
 from .._store import decisions as _decisions
 from .._store.driver import PreparedSet
 from .._store.tables import decisions, jobs, rows
-from .._tick.decide import Action, Decision, Logged
-from .._tick.due import DueRow
-from .._tick.report import Outcome
 from . import Carried, Decided, Work
 from .pipeline import UNSENT, Spread
 from .portable import (

@@ -15,8 +15,8 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, insert, or_, select
 
-from .. import _limits
-from .._time import iso
+from .._model import rules as _limits
+from .._model.time import iso
 from .tables import audit
 
 ACTOR_ENV = "SCHEDULER_ACTOR"

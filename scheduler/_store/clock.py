@@ -44,7 +44,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from .._errors import ConfigError
-from .._time import Clock, utcnow
+from .._model.time import Clock, utcnow
 from .engine import Store
 
 log = logging.getLogger(__name__)

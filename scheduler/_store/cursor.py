@@ -31,7 +31,8 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
-from .jobs import ClaimKey, Job
+from .._model.job import Job
+from .jobs import ClaimKey
 
 SLOW_SECONDS = 0.025
 """A sweep slower than this counts towards going on from a cursor."""

@@ -25,6 +25,7 @@ from sqlalchemy.exc import DisconnectionError
 
 from .._errors import ConfigError
 from .driver import driver_error, read_only_server
+from .settings import DatabaseSettings, settings_from_environment
 
 log = logging.getLogger(__name__)
 
@@ -45,18 +46,6 @@ CLIENT_MULTI_STATEMENTS = 1 << 16
 APPLICATION_NAME = "scheduler"
 """PostgreSQL's ``application_name`` of our connections unless the URL sets one (so an
 operator, or ``reliability/connection_cuts.py``, can tell them in ``pg_stat_activity``)."""
-
-
-@dataclass(frozen=True)
-class DatabaseSettings:
-    """The ``[database]`` table's keys besides ``url``: how the scheduler connects."""
-
-    pool_size: int = 5  # connections one process keeps open
-    max_overflow: int = 10  # extra connections under load, closed when idle
-    connect_timeout: float = 10.0  # seconds for one connection attempt
-    statement_timeout: float = 0.0  # seconds any one statement of ours may run; 0 = off
-    pooler: str = "none"  # or "transaction": the URL is a transaction-mode pooler (PgBouncer)
-    listen_url: str | None = None  # a direct URL for the connection that listens for wake-ups
 
 
 @dataclass(frozen=True)
@@ -292,14 +281,6 @@ def _settings_per_transaction(engine: Engine, database: DatabaseSettings) -> Non
             raise error from exc
         finally:
             cursor.close()
-
-
-def settings_from_environment() -> DatabaseSettings:
-    """The ``[database]`` defaults with ``SCHEDULER_DATABASE_<KEY>`` applied (what an engine
-    made without settings uses)."""
-    from .._config import database_settings
-
-    return database_settings({}, "environment")
 
 
 def make_engine(url: str, database: DatabaseSettings | None = None, **kwargs: Any) -> Engine:

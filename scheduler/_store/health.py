@@ -26,13 +26,14 @@ from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from .. import _wakeup
-from .._time import in_zone, iso
+from .._model.rows import TaskRow
+from .._model.rules import ABORTED, CLAIMED, QUEUED, STATES, SUCCEEDED
+from .._model.time import in_zone, iso
 from . import horizon as _horizon
 from . import jobs as _jobs
 from . import rows as _rows
 from . import warned as _warned
 from .engine import Store
-from .jobs import ABORTED, CLAIMED, QUEUED, STATES, SUCCEEDED
 from .tables import jobs, runs, workers
 from .tables import rows as task_rows
 
@@ -143,7 +144,7 @@ def forget(
         conn.execute(delete(workers).where(condition))
 
 
-def _row(row: _rows.TaskRow, backfilled: str | None = None) -> dict[str, Any]:
+def _row(row: TaskRow, backfilled: str | None = None) -> dict[str, Any]:
     """A row of ``status``; ``backfilled``: the state of its newest job when it has no job of
     its own (only backfilled ones), shown as its ``last_job_state`` with ``last_job_id`` None."""
     # A disabled row's next_run_at is stale (enable computes a new one): it has no next run.

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -18,9 +17,7 @@ from typing import Any, TypeVar
 from sqlalchemy import (
     Connection,
     Integer,
-    Row,
     Select,
-    String,
     and_,
     bindparam,
     case,
@@ -36,114 +33,15 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.dml import Update
 from sqlalchemy.sql.elements import BindParameter
 
-from .. import _limits, _wakeup
-from .._errors import SchedulerError
-from .._payload import decode_payload
+from .. import _wakeup
+from .._errors import JobStateError, SchedulerError
+from .._model import rules as _limits
+from .._model.job import Job
+from .._model.rules import ABORTED, CLAIMED, QUEUED, STATES, SUCCEEDED
 from .._retry import retry
 from . import bulk as _bulk
 from .engine import Store, skip_locked
-from .tables import JobState, decisions, jobs, rows, runs
-
-QUEUED, CLAIMED, SUCCEEDED = JobState.QUEUED, JobState.CLAIMED, JobState.SUCCEEDED
-ABORTED = JobState.ABORTED
-STATES = (QUEUED, CLAIMED, SUCCEEDED, ABORTED)
-
-
-@dataclass(frozen=True)
-class Job:
-    """A read-only view of a job row."""
-
-    id: int
-    handler: str
-    state: str
-    attempts: int
-    max_attempts: int
-    run_at: datetime
-    last_error_code: str | None
-    payload: dict[str, Any]
-    queue: str
-    priority: int
-    task_name: str | None
-    dedupe_key: str | None
-    lease_owner: str | None
-    lease_expires_at: datetime | None
-    created_at: datetime
-    finished_at: datetime | None
-    traceparent: str | None = None  # the enqueue's span (OpenTelemetry), when traced
-    slot: datetime | None = None  # the cron instant a task's job stands for (before jitter)
-    tenant: str | None = None  # whose job it is (``enqueue(tenant=...)``, a task's ``tenant``)
-
-    @classmethod
-    def from_row(cls, row: Row[Any]) -> Job:
-        m = row._mapping
-        return cls(
-            id=m["id"],
-            handler=m["handler"],
-            state=m["state"],
-            attempts=m["attempts"],
-            max_attempts=m["max_attempts"],
-            run_at=m["run_at"],
-            last_error_code=m["last_error_code"],
-            payload=decode_payload(m["payload"]),
-            queue=m["queue"],
-            priority=m["priority"],
-            task_name=m["task_name"],
-            dedupe_key=m["dedupe_key"],
-            lease_owner=m["lease_owner"],
-            lease_expires_at=m["lease_expires_at"],
-            created_at=m["created_at"],
-            finished_at=m["finished_at"],
-            traceparent=m.get("traceparent"),
-            slot=m.get("slot"),
-            tenant=m.get("tenant"),
-        )
-
-
-def _length(name: str) -> int:
-    kind = jobs.c[name].type
-    assert isinstance(kind, String) and kind.length is not None
-    return kind.length
-
-
-#: The text a caller of ``enqueue`` chooses, and its column's length in characters.
-TEXT_LIMITS = {name: _length(name) for name in ("handler", "queue", "dedupe_key")}
-
-
-def check_text(**values: str | None) -> None:
-    """Raise ``ValueError`` naming the first value longer than its column (``TEXT_LIMITS``).
-
-    Checked before any SQL, so every engine refuses alike: PostgreSQL and MariaDB would raise a
-    ``DataError``, and SQLite would store the whole value.
-    """
-    for name, value in values.items():
-        limit = TEXT_LIMITS[name]
-        if value is not None and len(value) > limit:
-            raise ValueError(f"{name} is {len(value)} characters, over the {limit}-character limit")
-
-
-#: A tenant id: 1-63 ASCII letters, digits, ``_`` and ``-``, starting with a letter or digit
-#: (63: PostgreSQL's identifier length, so a tenant can name its schema).
-TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
-
-
-def tenant_problem(value: object) -> str | None:
-    """Why ``value`` is not a tenant id, or None if it is one."""
-    if not isinstance(value, str):
-        return f"expected a string, got {type(value).__name__}"
-    if TENANT_PATTERN.fullmatch(value) is None:
-        shown = value if len(value) <= 70 else value[:67] + "..."
-        return (
-            f"{shown!r} is not a tenant id: 1 to 63 ASCII letters, digits, '_' and '-',"
-            " starting with a letter or a digit"
-        )
-    return None
-
-
-def check_tenant(value: object) -> None:
-    """Raise ``ValueError`` unless ``value`` is a tenant id (``TENANT_PATTERN``)."""
-    problem = tenant_problem(value)
-    if problem is not None:
-        raise ValueError(f"tenant: {problem}")
+from .tables import decisions, jobs, rows, runs
 
 
 def new_job_values(
@@ -780,10 +678,6 @@ def purge(
 
 
 # -- operators: retry an aborted job, cancel a queued one (docs/howto/operate.md) ----------
-class JobStateError(SchedulerError):
-    """The job is not in the state this operation needs."""
-
-
 def _requeue_values(now: datetime) -> dict[str, Any]:
     return {
         "state": QUEUED,

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, insert, select, update
 
-from .. import _cron
-from .._config import overlap_problem
 from .._errors import ConfigError, SchedulerError, UnknownRow
-from .._payload import decode_payload, encode_payload
+from .._model import check as _check
+from .._model import slots as _slots
+from .._model.payload import decode_payload
+from .._model.rows import SyncPlan, TaskRow
 from . import decisions as _decisions
-from .jobs import tenant_problem
 from .tables import jobs, rows
 
 REASON_MANUAL = "manual"
@@ -23,37 +22,6 @@ REASON_CONFIG = "disabled_in_config"
 REASON_REMOVED = "removed_from_config"
 # Disables that the file put there and the file may lift again.
 _CONFIG_REASONS = (REASON_CONFIG, REASON_REMOVED)
-
-
-@dataclass(frozen=True)
-class TaskRow:
-    """A read-only view of a scheduler row."""
-
-    name: str
-    handler: str
-    payload: dict[str, Any]
-    cron: str
-    timezone: str
-    concurrent: bool
-    enabled: bool
-    next_run_at: datetime | None
-    last_job_id: int | None
-    last_job_state: str | None
-    consecutive_failures: int
-    max_consecutive_failures: int | None
-    disabled_reason: str | None
-    disabled_at: datetime | None
-    version: int
-    last_error_code: str | None = None
-    """The stable error code of the row's last job (None while it has not failed)."""
-    overlap: str = "hold"
-    """While the last job is in flight: hold, skip or allow (``concurrent`` is allow)."""
-    catchup_window: int = 0
-    """Seconds a slot may be late before it is missed; 0: unlimited."""
-    jitter: int = 0
-    """Seconds of deterministic delay range per slot; 0: none."""
-    disabled_note: str | None = None
-    """The operator's words with a disable (``disable --reason``); cleared by ``enable``."""
 
 
 # The row's columns a TaskRow shows, and no others (each timestamp read costs a conversion).
@@ -115,34 +83,6 @@ def _write(conn: Connection, name: str, now: datetime, **values: Any) -> None:
         raise UnknownRow(f"no task named {name!r} (run `scheduler sync`?)")
 
 
-PAUSED_LOGGED = 100
-"""Slots passed while disabled that get an entry each; the rest are counted in the last one."""
-_PAUSED_COUNTED = 10_000
-
-
-def paused_slots(row: TaskRow, now: datetime) -> tuple[list[datetime], int]:
-    """The slots of a disabled `row` that passed by `now` (from the one it was due at when
-    disabled): the first :data:`PAUSED_LOGGED`, and how many more (counted up to 10,000)."""
-    return _passed_slots(row.cron, row.timezone, row.name, row.jitter, row.next_run_at, now)
-
-
-def _passed_slots(
-    cron: str, tz: str, name: str, jitter: int, was_due: datetime | None, now: datetime
-) -> tuple[list[datetime], int]:
-    if was_due is None:
-        return [], 0
-    slot = _cron.slot_of(cron, tz, name, was_due, jitter)
-    found: list[datetime] = []
-    more = 0
-    while slot <= now and more < _PAUSED_COUNTED:
-        if len(found) < PAUSED_LOGGED:
-            found.append(slot)
-        else:
-            more += 1
-        slot = _cron.next_after(cron, tz, slot, name)
-    return found, more
-
-
 def _log_paused(
     conn: Connection, name: str, slots: list[datetime], more: int, reason: str, now: datetime
 ) -> None:
@@ -150,7 +90,7 @@ def _log_paused(
         _decisions.entry_params(name, "paused", slot, now, None, reason, None) for slot in slots
     ]
     if more:
-        entries[-1]["d_detail"] = f"and {more:,}{'+' if more >= _PAUSED_COUNTED else ''} more"
+        entries[-1]["d_detail"] = f"and {more:,}{'+' if more >= _slots.PAUSED_COUNTED else ''} more"
     _decisions.write(conn, entries)
 
 
@@ -176,9 +116,9 @@ def enable(
         disabled_at=None,
         disabled_note=None,
         consecutive_failures=0,
-        next_run_at=_cron.first_run(row.cron, row.timezone, row.name, now, row.jitter),
+        next_run_at=_slots.first_run(row.cron, row.timezone, row.name, now, row.jitter),
     )
-    slots, more = paused_slots(row, now)
+    slots, more = _slots.passed_slots(row, row.next_run_at, now)
     reason = row.disabled_reason or REASON_MANUAL
     _log_paused(conn, name, slots, more, reason, now)
     if paused is not None:
@@ -205,7 +145,7 @@ def disable(
     if row.enabled:
         slot = row.next_run_at
         if slot is not None:
-            slot = _cron.slot_of(row.cron, row.timezone, row.name, slot, row.jitter)
+            slot = _slots.slot_of(row.cron, row.timezone, row.name, slot, row.jitter)
         _decisions.record(conn, name, "disabled", slot, now, reason=reason, detail=note)
 
 
@@ -221,27 +161,6 @@ def trigger(conn: Connection, name: str, now: datetime) -> None:
 
 
 # -- sync ---------------------------------------------------------------------------------
-@dataclass
-class SyncPlan:
-    """What ``sync`` does (or, on a dry run, would do): row names per action."""
-
-    insert: list[str] = field(default_factory=list)
-    update: list[str] = field(default_factory=list)
-    unchanged: list[str] = field(default_factory=list)
-    disable: list[str] = field(default_factory=list)
-    paused: list[tuple[str, datetime, str]] = field(default_factory=list)
-    """(row, slot, reason) of the slots that passed while a row the file re-enables was
-    disabled: logged as ``paused``; ``Scheduler.sync`` sends ``slot_skipped`` for each."""
-
-    def as_dict(self) -> dict[str, list[str]]:
-        return {
-            "insert": self.insert,
-            "update": self.update,
-            "unchanged": self.unchanged,
-            "disable": self.disable,
-        }
-
-
 # The columns a task's definition sets, compared in this order against the stored row.
 _DEFINITION: tuple[str, ...] = ("handler", "payload", "cron", "timezone", "concurrent")
 _DEFINITION += ("max_consecutive_failures", "tenant", "overlap", "catchup_window", "jitter")
@@ -269,86 +188,16 @@ _INSERTED = (
 _PLACEHOLDER = {"qmark": "?", "format": "%s", "pyformat": "%s"}
 
 
-_MAX_NAME = 200  # the name and handler columns' length
-_MAX_INT = 2**31 - 1  # an INTEGER column on every engine
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # Unicode category Cc
-
-
-# A name that passes every rule of _bad_name, in one match: no control character anywhere, and
-# neither end a whitespace character.
-_GOOD_NAME = re.compile(
-    r"[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?"
-)
-
-
-def _bad_name(value: Any) -> str | None:
-    """Why ``value`` cannot be a task's name or handler (the TOML loader's rules), or None."""
-    if type(value) is str and len(value) <= _MAX_NAME and _GOOD_NAME.fullmatch(value):
-        return None  # the common case, in one regular-expression match
-    if not isinstance(value, str) or not value.strip():
-        return "must be a non-empty string"
-    if len(value) > _MAX_NAME:
-        return f"longer than {_MAX_NAME} characters"
-    if value != value.strip() or _CONTROL.search(value):
-        return "must not have leading or trailing whitespace or control characters"
-    return None
-
-
-def _check_policies(task: Any) -> None:
-    """The run policies of a task built in Python, checked as the TOML loader checks them."""
-    contradiction = overlap_problem(getattr(task, "overlap", None), task.concurrent)
-    if contradiction is not None:
-        raise ConfigError(f"task {task.name!r}: key {contradiction[0]!r}: {contradiction[1]}")
-    for key in ("catchup_window", "jitter"):
-        value = getattr(task, key, 0)
-        if not isinstance(value, int) or isinstance(value, bool):
-            problem = f"expected an integer number of seconds, got {value!r}"
-        elif not 0 <= value <= _MAX_INT:
-            problem = f"must be from 0 to {_MAX_INT} seconds, got {value}"
-        else:
-            continue
-        raise ConfigError(f"task {task.name!r}: key {key!r}: {problem}")
-
-
 def check_task(task: Any, payload_limit: int, stored: Any = None) -> tuple[str, str | None]:
-    """Validate a task built in Python the way the TOML loader validates the file's; return
-    its payload as stored (compact JSON) and its cron's H-free form (:func:`_cron.hash_free`).
-
-    ``stored`` is the task's row as read (``_READ`` order), if it has one. When its handler,
-    cron and timezone equal the task's, they passed these same checks when the row was
-    written (a cron's validity is a function of the expression and the name alone), so only
-    the payload is checked and the H-free form is None: nothing needs the next slot of a
-    schedule that did not change. The payload is always checked: the limit may have changed.
-    """
-    _check_policies(task)  # checked on both paths: they may have changed
-    tenant = getattr(task, "tenant", None)  # checked on both paths: it may have changed
-    if tenant is not None and (problem := tenant_problem(tenant)) is not None:
-        raise ConfigError(f"task {task.name!r}: key 'tenant': {problem}")
-    if (
+    """:func:`~scheduler._model.check.check_task`, told whether ``stored`` (the task's row as
+    read, in ``_READ`` order, if it has one) keeps the task's handler, cron and timezone."""
+    kept = (
         stored is not None
         and stored[_HANDLER] == task.handler
         and stored[_CRON] == task.cron
         and stored[_ZONE] == task.timezone
-    ):
-        try:
-            return encode_payload(task.payload, payload_limit), None
-        except ValueError as exc:
-            raise ConfigError(f"task {task.name!r}: key 'payload': {exc}") from None
-    for key in ("name", "handler"):
-        problem = _bad_name(getattr(task, key))
-        if problem:
-            raise ConfigError(f"task {task.name!r}: key {key!r}: {problem}")
-    key = "cron"
-    try:
-        if not isinstance(task.cron, str) or len(task.cron) > _MAX_NAME:
-            raise ValueError(f"must be a string of at most {_MAX_NAME} characters")
-        free = _cron.validate_cron(task.cron, task.name)
-        key = "timezone"
-        _cron.validate_timezone(task.timezone)
-        key = "payload"
-        return encode_payload(task.payload, payload_limit), free
-    except ValueError as exc:
-        raise ConfigError(f"task {task.name!r}: key {key!r}: {exc}") from None
+    )
+    return _check.check_task(task, payload_limit, kept)
 
 
 def _insert_many(conn: Connection, values: list[tuple[Any, ...]]) -> None:
@@ -398,26 +247,6 @@ def _update_by_name(now: datetime, columns: Iterable[str], **fixed: Any) -> Any:
     )
 
 
-class _Slots:
-    """``next_run_at`` for a sync at ``now``, computed once per schedule: tasks whose cron,
-    zone and H draw (:func:`_cron.hash_free`) are equal share their next slot."""
-
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-        self.found: dict[tuple[str, str, str], datetime] = {}
-
-    def next(self, task: Any, free: str | None) -> datetime:
-        if task.jitter:  # a delay of its own per task
-            return _cron.first_run(task.cron, task.timezone, task.name, self.now, task.jitter)
-        if free is None:  # a schedule the check did not draw (unchanged): draw it now
-            free = _cron.hash_free(task.cron, task.name)
-        key = (task.cron, task.timezone, free)
-        slot = self.found.get(key)
-        if slot is None:
-            slot = self.found[key] = _cron.next_after(task.cron, task.timezone, self.now, task.name)
-        return slot
-
-
 def sync(
     conn: Connection,
     tasks: Iterable[Any],
@@ -444,7 +273,7 @@ def sync(
         seen.add(task.name)
     plan = SyncPlan()
     paused: list[tuple[Any, datetime | None, str]] = []
-    slots = _Slots(now)
+    slots = _slots.FirstRuns(now)
     inserts: list[tuple[Any, ...]] = []
     updates: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for task, (payload, free) in zip(tasks, checked, strict=True):
@@ -538,7 +367,7 @@ def sync(
         fixed = dict(enabled=False, disabled_reason=REASON_REMOVED, disabled_at=now)
         conn.execute(_update_by_name(now, (), **fixed), removed)
     for task, was_due, reason in paused:
-        passed, more = _passed_slots(task.cron, task.timezone, task.name, task.jitter, was_due, now)
+        passed, more = _slots.passed_slots(task, was_due, now)
         _log_paused(conn, task.name, passed, more, reason, now)
         plan.paused.extend((task.name, slot, reason) for slot in passed)
     return plan

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
@@ -23,23 +22,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.compiler import compiles
 
-from .._time import as_utc
+from .._model.rules import TEXT_LIMITS
+from .._model.time import as_utc
 
 metadata = MetaData()
-
-
-class JobState(StrEnum):
-    """A job's state (``scheduler_jobs.state``); the values are what the column holds, so a
-    member compares equal to the plain string read back."""
-
-    QUEUED = "queued"
-    """Waiting for its ``run_at`` and a worker."""
-    CLAIMED = "claimed"
-    """A worker holds its lease and runs it (a retry waiting for its back-off is ``queued``)."""
-    SUCCEEDED = "succeeded"
-    """Finished: the handler returned."""
-    ABORTED = "aborted"
-    """Finished without success: out of attempts, or an error that is not retried."""
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -96,7 +82,7 @@ def _payload_on_mysql(kind: _Payload, compiler: Any, **kw: Any) -> str:
     return "MEDIUMTEXT"
 
 
-UniqueKey = _UniqueKey(200)
+UniqueKey = _UniqueKey(TEXT_LIMITS["dedupe_key"])
 Payload = _Payload()
 
 # A partial index's condition, on the engines that have partial indexes (SQLite, PostgreSQL;
@@ -116,9 +102,9 @@ jobs = Table(
     "scheduler_jobs",
     metadata,
     Column("id", Id, primary_key=True, autoincrement=True),
-    Column("handler", String(200), nullable=False),
+    Column("handler", String(TEXT_LIMITS["handler"]), nullable=False),
     Column("payload", Payload, nullable=False),
-    Column("queue", String(100), nullable=False),
+    Column("queue", String(TEXT_LIMITS["queue"]), nullable=False),
     Column("priority", Integer, nullable=False),
     Column("run_at", UTCDateTime, nullable=False),
     Column("state", String(16), nullable=False),

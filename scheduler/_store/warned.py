@@ -39,8 +39,8 @@ from sqlalchemy import (
     union_all,
 )
 
+from .._model.rules import ABORTED, CLAIMED, QUEUED
 from . import rows as _rows
-from .jobs import ABORTED, CLAIMED, QUEUED
 from .tables import UTCDateTime, jobs, rows
 
 if TYPE_CHECKING:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .decide import Action, Decision, decide
-from .due import DueRow
-from .report import Outcome, TickReport
+from .._model.decide import Action, Decision, decide
+from .._model.report import Outcome, TickReport
+from .._model.rows import DueRow
 
 if TYPE_CHECKING:
     from .loop import tick

@@ -8,7 +8,7 @@ own, outside any write transaction, so an idle tick costs one statement and take
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 from sqlalchemy import (
     Connection,
@@ -24,46 +24,9 @@ from sqlalchemy import (
     union_all,
 )
 
+from .._model.rows import DueRow, Position
 from .._store import Store
 from .._store.tables import jobs, rows
-
-
-class DueRow(NamedTuple):
-    """One due scheduler row as the due query read it, with its last job's state."""
-
-    id: int
-    name: str
-    handler: str
-    payload: str
-    """The stored payload text, copied as it is into the job the row dispatches."""
-    cron: str
-    timezone: str
-    concurrent: bool
-    next_run_at: datetime
-    """The slot being served (the row's ``next_run_at`` when read)."""
-    last_job_id: int | None
-    consecutive_failures: int
-    max_consecutive_failures: int | None
-    version: int
-    """The compare-and-swap token: every write to the row bumps it."""
-    job_state: str | None
-    """The last job's state (a :class:`~scheduler._store.tables.JobState` value), None if none."""
-    job_error: str | None
-    """The last job's ``last_error_code``."""
-    overlap: str = "hold"
-    """The run policy for a slot while the last job is in flight: hold, skip or allow."""
-    catchup_window: int = 0
-    """Seconds a due slot may be late before it is missed instead of run; 0: unlimited."""
-    jitter: int = 0
-    """Seconds of deterministic delay range added to each slot; 0: none."""
-    held_slot: datetime | None = None
-    """The slot whose ``held_back`` entry is already in the decision log."""
-    tenant: str | None = None
-    """The row's tenant, copied into the jobs it dispatches (and reruns)."""
-
-
-Position = tuple[datetime, int]
-"""Where a batch ended, in due order: (``next_run_at``, id)."""
 
 _P = bindparam
 # Built once with bound parameters (building costs more than running on SQLite).

@@ -28,58 +28,20 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from .. import _cron, _tracing, _wakeup
+from .. import _tracing, _wakeup
 from .._dispatch import Carried, Decided, Dispatcher, JobDefaults, Work, dispatcher_for
 from .._dispatch.portable import SendDispatched
+from .._model.decide import Action, decide
+from .._model.report import Outcome, TickReport
+from .._model.rows import DueRow, Position
+from .._model.slots import dst_cases, next_slot, nominal_slot, passed
 from .._store import Store
-from .decide import Action, decide
-from .due import DueRow, Position, due, last_id
-from .report import Outcome, TickReport
+from .due import due, last_id
 
 log = logging.getLogger("scheduler._tick")  # every record of the tick, whichever module
 
 _random = random.Random()  # where a tick that met another goes on; not a secret
 _CREATES = (Action.DISPATCH, Action.RERUN)  # the decisions that queue a job (a traced tick's)
-
-
-def next_slot(row: DueRow, now: datetime) -> datetime:
-    """The row's next ``next_run_at``: its first cron slot after `now`, in its timezone (with
-    its jitter, the first slot whose delayed instant is after `now`)."""
-    if not row.jitter:
-        return _cron.next_after(row.cron, row.timezone, now, row.name)
-    return _cron.next_run(row.cron, row.timezone, row.name, now, row.jitter)
-
-
-def nominal_slot(row: DueRow) -> datetime:
-    """The slot the row's ``next_run_at`` stands for (the same instant without jitter)."""
-    if not row.jitter:
-        return row.next_run_at
-    return _cron.slot_of(row.cron, row.timezone, row.name, row.next_run_at, row.jitter)
-
-
-MAX_COUNTED = 1000
-"""Coalesced slots are counted up to this many (a per-second task down for a day)."""
-
-
-def passed(row: DueRow, slot: datetime, now: datetime) -> int:
-    """How many of the row's slots after `slot` were due by `now` (merged into this run)."""
-    count = 0
-    at = _cron.next_after(row.cron, row.timezone, slot, row.name)
-    if at > now:
-        return 0
-    while at <= now and count < MAX_COUNTED:
-        if at + _cron.jitter_delay(row.name, at, row.jitter) <= now:
-            count += 1
-        at = _cron.next_after(row.cron, row.timezone, at, row.name)
-    return count
-
-
-def dst_cases(row: DueRow, now: datetime, following: datetime) -> tuple[tuple[str, datetime], ...]:
-    """The DST cases between `now` and the row's next slot (``following``, jittered)."""
-    slot = following
-    if row.jitter:
-        slot = _cron.slot_of(row.cron, row.timezone, row.name, following, row.jitter)
-    return _cron.dst_notes(row.cron, row.timezone, row.name, now, slot)
 
 
 def tick(

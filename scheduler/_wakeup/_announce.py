@@ -45,7 +45,7 @@ class Hub:
     def clock(self) -> datetime:
         found = self._clock()
         if found is None:
-            from .._time import utcnow
+            from .._model.time import utcnow
 
             return utcnow()
         return found()
@@ -120,7 +120,7 @@ def _forget_last() -> None:
 def hub_for(engine: Engine) -> Hub:
     found = _hubs.get(engine)
     if found is None:
-        from .._time import utcnow
+        from .._model.time import utcnow
 
         with registry_lock:
             found = _hubs.setdefault(engine, Hub(database_key(engine), utcnow))

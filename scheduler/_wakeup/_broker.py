@@ -11,6 +11,7 @@ import weakref
 from typing import Any
 from urllib.parse import urlsplit
 
+from .._model.backoff import Backoff
 from ._common import RECONNECT_MAX, RECONNECT_MIN, Wake, first_line, log, parse_payload
 from ._process import Waiter
 from ._sources import Source
@@ -68,7 +69,7 @@ class Publisher:
         self._closed = False
         self._client: Any = None
         self._down_until = 0.0
-        self._backoff = RECONNECT_MIN
+        self._backoff = Backoff(RECONNECT_MIN, RECONNECT_MAX)
         self._thread = threading.Thread(target=self._loop, name="scheduler-publish", daemon=True)
         self._thread.start()
         _publishers.add(self)
@@ -103,11 +104,10 @@ class Publisher:
                 continue  # the broker is down: the workers poll
             try:
                 self._send(wake)
-                self._backoff = RECONNECT_MIN
+                self._backoff.reset()
             except Exception as exc:
                 self._client = None
-                self._down_until = time.monotonic() + self._backoff
-                self._backoff = min(self._backoff * 2, RECONNECT_MAX)
+                self._down_until = time.monotonic() + self._backoff.next()
                 log.warning(
                     "wake-ups: cannot publish to the broker %s (%s); workers look for new jobs"
                     " once a second",

@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any
 
+from .._model.backoff import Backoff
 from ._common import RECONNECT_MAX, RECONNECT_MIN, first_line, log
 from ._process import Waiter
 
@@ -26,7 +27,7 @@ class Source:
         self._thread = threading.Thread(target=self._run, name=f"scheduler-{self.name}")
         self._thread.daemon = True
         self.lost_at: float | None = None  # time.monotonic() when the connection was lost
-        self._backoff = RECONNECT_MIN
+        self._backoff = Backoff(RECONNECT_MIN, RECONNECT_MAX)
         self._client: Any = None  # the connection _serve opened (a psycopg or Redis client)
 
     def start(self) -> None:
@@ -50,7 +51,7 @@ class Source:
                     return
                 if self.lost_at is None:
                     self.lost_at = time.monotonic()
-                    self._backoff = RECONNECT_MIN
+                    self._backoff.reset()
                     log.warning(
                         "wake-ups: %s lost (%s); workers look for new jobs once a second"
                         " until it is back",
@@ -60,8 +61,7 @@ class Source:
                     )
             finally:
                 self._close()
-            self._stop.wait(self._backoff)
-            self._backoff = min(self._backoff * 2, RECONNECT_MAX)
+            self._stop.wait(self._backoff.next())
 
     def _connected(self) -> None:
         """Called once listening: after a loss, say so and look at once (what was missed)."""

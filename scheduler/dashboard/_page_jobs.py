@@ -9,7 +9,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .._store.jobs import STATES, get_job, history
+from .._model.rules import STATES
+from .._store.jobs import get_job, history
 from . import _queries
 from ._state import Dashboard, page
 

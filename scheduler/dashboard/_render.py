@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 import jinja2
 from markupsafe import Markup, escape
 
-from .._time import in_zone, iso
+from .._model.time import in_zone, iso
 
 HERE = Path(__file__).resolve().parent
 OUTCOME_TONES = {

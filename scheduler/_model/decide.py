@@ -33,8 +33,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import NamedTuple
 
-from .._store.tables import JobState
-from .due import DueRow
+from .rows import DueRow
+from .rules import ALLOW, IN_FLIGHT, SKIP, JobState
 
 
 class Action(StrEnum):
@@ -84,8 +84,6 @@ REASON_LATE = "catchup_window"
 REASON_MERGED = "merged"
 """Why slots were coalesced: they passed before the tick got to the row."""
 
-HOLD, SKIP, ALLOW = "hold", "skip", "allow"
-OVERLAPS = (HOLD, SKIP, ALLOW)
 
 NextSlot = Callable[[DueRow, datetime], datetime]
 """The row's new ``next_run_at``: its first slot strictly after ``now`` (its cron in its
@@ -96,7 +94,6 @@ DstNotes = Callable[[DueRow, datetime, datetime], tuple[tuple[str, datetime], ..
 """(row, now, new next_run_at) -> the DST cases on the way there: ("dst_gap", slot moved),
 ("dst_repeat", repeated instant not fired)."""
 
-_IN_FLIGHT = frozenset({JobState.QUEUED, JobState.CLAIMED})
 _RESETS_FAILURES = frozenset({JobState.SUCCEEDED, None})
 _MOVES = frozenset({Action.DISPATCH, Action.RERUN, Action.SKIP, Action.MISSED})
 
@@ -191,7 +188,7 @@ def decide(
             row, now, Action.RERUN, failures, served, None, next_slot, dst, (entry, *merged)
         )
     overlap = ALLOW if row.concurrent else row.overlap
-    if state in _IN_FLIGHT and overlap != ALLOW:
+    if state in IN_FLIGHT and overlap != ALLOW:
         detail = f"job {row.last_job_id} is {state}"
         if overlap == SKIP:
             entry = Entry(Logged.SKIPPED_OVERLAP, served, row.last_job_id, REASON_IN_FLIGHT, detail)

@@ -9,7 +9,6 @@ wildcard or a step follows real time: both repeated hours run, the missing hour 
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 import re
 import threading
@@ -20,17 +19,13 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterError, croniter
 from croniter.croniter import MARKER, HashExpander
 
-from ._time import in_zone, offset_in
+from .time import in_zone, offset_in
 
 __all__ = [
     "dst_notes",
-    "first_run",
     "has_fixed_hour",
     "hash_free",
-    "jitter_delay",
     "next_after",
-    "next_run",
-    "slot_of",
     "validate_cron",
     "validate_timezone",
 ]
@@ -40,7 +35,7 @@ NICKNAMES = frozenset(
 )
 # An hour's worth of one-second slots is the most a fall-back can make us skip (two hours for
 # Antarctica/Troll); anything beyond this bound is a bug, not a schedule.
-_MAX_SKIPS = 10_000
+MAX_SKIPS = 10_000
 _DAY, _SECOND = timedelta(days=1), timedelta(seconds=1)
 
 
@@ -235,7 +230,7 @@ def _next_real_time(expr: str, tz: str, hash_id: bytes | None, after_utc: dateti
     """
     zone = ZoneInfo(tz)
     start = after_utc
-    for _ in range(_MAX_SKIPS):
+    for _ in range(MAX_SKIPS):
         offset = _offset(zone, start)
         it = _fixed_offset_iterator(expr, int(offset.total_seconds()), hash_id)
         with _lock:  # a cached iterator is stateful
@@ -259,62 +254,13 @@ def _next(expr: str, tz: str, hash_id: bytes | None, after_utc: datetime) -> dat
     it = _iterator(expr, tz, hash_id)
     with _lock:  # a cached iterator is stateful
         it.set_current(after_utc.timestamp(), force=True)  # a timestamp is never ambiguous
-        for _ in range(_MAX_SKIPS):
+        for _ in range(MAX_SKIPS):
             local: datetime = it.get_next(datetime)
             utc = local.astimezone(UTC)
             if utc <= after_utc or _is_repeat(local):
                 continue
             return utc
     raise RuntimeError(f"no slot found for cron {expr!r} in {tz} after {after_utc.isoformat()}")
-
-
-# -- jitter (SPEC §8) ----------------------------------------------------------------------
-_MS = timedelta(milliseconds=1)
-
-
-def jitter_delay(name: str, slot: datetime, seconds: int) -> timedelta:
-    """The deterministic delay in ``[0, seconds)`` (whole milliseconds) of `slot` of the task
-    `name`: the same on every host and every run, different from slot to slot and task to
-    task. Zero when `seconds` is 0."""
-    if seconds <= 0:
-        return timedelta(0)
-    key = f"{name}\x00{slot.astimezone(UTC).isoformat()}".encode()
-    drawn = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
-    return (drawn % (seconds * 1000)) * _MS
-
-
-def first_run(expr: str, tz: str, name: str, after: datetime, jitter: int = 0) -> datetime:
-    """The ``next_run_at`` of a row armed at `after` (sync, enable): its first slot after
-    `after`, delayed by its jitter."""
-    slot = next_after(expr, tz, after, name)
-    return slot + jitter_delay(name, slot, jitter)
-
-
-def next_run(expr: str, tz: str, name: str, after: datetime, jitter: int = 0) -> datetime:
-    """The ``next_run_at`` of the first slot whose jittered instant is after `after`: the
-    slot itself without jitter (:func:`next_after`)."""
-    if jitter <= 0:
-        return next_after(expr, tz, after, name)
-    slot = next_after(expr, tz, after - timedelta(seconds=jitter), name)
-    for _ in range(_MAX_SKIPS):
-        at = slot + jitter_delay(name, slot, jitter)
-        if at > after:
-            return at
-        slot = next_after(expr, tz, slot, name)
-    raise RuntimeError(f"no slot found for cron {expr!r} in {tz} after {after.isoformat()}")
-
-
-def slot_of(expr: str, tz: str, name: str, run_at: datetime, jitter: int = 0) -> datetime:
-    """The nominal slot a ``next_run_at`` stands for: the slot whose jittered instant it is,
-    else (a triggered row, or one whose jitter changed) `run_at` itself."""
-    if jitter <= 0:
-        return run_at
-    slot = next_after(expr, tz, run_at - timedelta(seconds=jitter), name)
-    while slot <= run_at:
-        if slot + jitter_delay(name, slot, jitter) == run_at:
-            return slot
-        slot = next_after(expr, tz, slot, name)
-    return run_at
 
 
 # -- the DST cases the decision log records (SPEC §9) --------------------------------------
@@ -352,7 +298,7 @@ def _dst_notes(
     it = _iterator(expr, tz, hash_id)
     with _lock:  # a cached iterator is stateful
         it.set_current(after.timestamp(), force=True)
-        for _ in range(_MAX_SKIPS):
+        for _ in range(MAX_SKIPS):
             local: datetime = it.get_next(datetime)
             utc = local.astimezone(UTC)
             if utc >= slot:

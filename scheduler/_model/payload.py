@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ._errors import PayloadError
+from .._errors import PayloadError
 
 DEFAULT_PAYLOAD_LIMIT = 64 * 1024
 

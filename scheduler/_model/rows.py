@@ -1,0 +1,140 @@
+"""A task as declared, as stored, and as the tick reads it; what a sync changes.
+
+- :class:`TaskSpec`: one recurring task as declared (``[[tasks]]`` in the file, or Python);
+- :class:`TaskRow`: the read-only view of a scheduler row;
+- :class:`DueRow`: a due row as the tick's one read returns it, with its last job's state;
+- :class:`SyncPlan`: what a sync does, row names per action.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, NamedTuple
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One recurring task as declared in ``[[tasks]]``, with the file's defaults.
+
+    ``timezone`` None means the Scheduler's ``[scheduler] timezone`` (UTC unless set), as
+    for a task in the file without one; ``Scheduler.sync`` fills it in.
+    """
+
+    name: str
+    cron: str
+    handler: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    timezone: str | None = None
+    concurrent: bool = False
+    max_consecutive_failures: int | None = None  # None: use [scheduler]'s; 0 = unlimited
+    enabled: bool = True
+    overlap: str = "hold"
+    """While the last job is in flight: "hold" (the default), "skip" or "allow".
+    ``concurrent=True`` is its alias: it makes the default "allow" (and another value beside
+    it is refused by ``sync``, as in the file); None is taken as the default."""
+    catchup_window: int = 0
+    """Seconds a slot may be late before it is missed instead of run; 0: unlimited."""
+    jitter: int = 0
+    """Each slot fires at a deterministic delay in [0, jitter) seconds; 0: none."""
+
+    def __post_init__(self) -> None:
+        if self.overlap is None or (self.concurrent and self.overlap == "hold"):
+            object.__setattr__(self, "overlap", "allow" if self.concurrent else "hold")
+
+    @property
+    def policy(self) -> str:
+        """The overlap policy in force (``overlap``; kept for older callers)."""
+        return self.overlap
+
+    tenant: str | None = None  # whose task: its jobs carry it (``job.tenant``)
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """A read-only view of a scheduler row."""
+
+    name: str
+    handler: str
+    payload: dict[str, Any]
+    cron: str
+    timezone: str
+    concurrent: bool
+    enabled: bool
+    next_run_at: datetime | None
+    last_job_id: int | None
+    last_job_state: str | None
+    consecutive_failures: int
+    max_consecutive_failures: int | None
+    disabled_reason: str | None
+    disabled_at: datetime | None
+    version: int
+    last_error_code: str | None = None
+    """The stable error code of the row's last job (None while it has not failed)."""
+    overlap: str = "hold"
+    """While the last job is in flight: hold, skip or allow (``concurrent`` is allow)."""
+    catchup_window: int = 0
+    """Seconds a slot may be late before it is missed; 0: unlimited."""
+    jitter: int = 0
+    """Seconds of deterministic delay range per slot; 0: none."""
+    disabled_note: str | None = None
+    """The operator's words with a disable (``disable --reason``); cleared by ``enable``."""
+
+
+@dataclass
+class SyncPlan:
+    """What ``sync`` does (or, on a dry run, would do): row names per action."""
+
+    insert: list[str] = field(default_factory=list)
+    update: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    disable: list[str] = field(default_factory=list)
+    paused: list[tuple[str, datetime, str]] = field(default_factory=list)
+    """(row, slot, reason) of the slots that passed while a row the file re-enables was
+    disabled: logged as ``paused``; ``Scheduler.sync`` sends ``slot_skipped`` for each."""
+
+    def as_dict(self) -> dict[str, list[str]]:
+        return {
+            "insert": self.insert,
+            "update": self.update,
+            "unchanged": self.unchanged,
+            "disable": self.disable,
+        }
+
+
+class DueRow(NamedTuple):
+    """One due scheduler row as the due query read it, with its last job's state."""
+
+    id: int
+    name: str
+    handler: str
+    payload: str
+    """The stored payload text, copied as it is into the job the row dispatches."""
+    cron: str
+    timezone: str
+    concurrent: bool
+    next_run_at: datetime
+    """The slot being served (the row's ``next_run_at`` when read)."""
+    last_job_id: int | None
+    consecutive_failures: int
+    max_consecutive_failures: int | None
+    version: int
+    """The compare-and-swap token: every write to the row bumps it."""
+    job_state: str | None
+    """The last job's state (a :class:`~scheduler._model.rules.JobState` value), None if none."""
+    job_error: str | None
+    """The last job's ``last_error_code``."""
+    overlap: str = "hold"
+    """The run policy for a slot while the last job is in flight: hold, skip or allow."""
+    catchup_window: int = 0
+    """Seconds a due slot may be late before it is missed instead of run; 0: unlimited."""
+    jitter: int = 0
+    """Seconds of deterministic delay range added to each slot; 0: none."""
+    held_slot: datetime | None = None
+    """The slot whose ``held_back`` entry is already in the decision log."""
+    tenant: str | None = None
+    """The row's tenant, copied into the jobs it dispatches (and reruns)."""
+
+
+Position = tuple[datetime, int]
+"""Where a batch ended, in due order: (``next_run_at``, id)."""

@@ -1,0 +1,131 @@
+"""How the store connects: the ``[database]`` keys besides ``url`` (each also
+``SCHEDULER_DATABASE_<KEY>`` in the environment, which wins), and the database URL itself,
+checked and given the scheduler's driver."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from .._errors import ConfigError
+from .._model.rules import Keys
+
+DEFAULT_URL = "sqlite:///scheduler.db"
+POOLER_MODES = ("none", "transaction")  # [database] pooler
+DATABASE_ENV_PREFIX = "SCHEDULER_DATABASE_"  # SCHEDULER_DATABASE_<KEY> wins over [database] KEY
+
+
+@dataclass(frozen=True)
+class DatabaseSettings:
+    """The ``[database]`` table's keys besides ``url``: how the scheduler connects."""
+
+    pool_size: int = 5  # connections one process keeps open
+    max_overflow: int = 10  # extra connections under load, closed when idle
+    connect_timeout: float = 10.0  # seconds for one connection attempt
+    statement_timeout: float = 0.0  # seconds any one statement of ours may run; 0 = off
+    pooler: str = "none"  # or "transaction": the URL is a transaction-mode pooler (PgBouncer)
+    listen_url: str | None = None  # a direct URL for the connection that listens for wake-ups
+
+
+def _database_value(t: Keys, key: str) -> Any:
+    """``[database] key``, or ``SCHEDULER_DATABASE_<KEY>`` when that is set (it wins)."""
+    readers: dict[str, Callable[[Keys], Any]] = {
+        "pool_size": lambda table: table.integer("pool_size", 1),
+        "max_overflow": lambda table: table.integer("max_overflow", 0),
+        "connect_timeout": lambda table: table.number("connect_timeout", positive=True),
+        "statement_timeout": lambda table: table.number("statement_timeout"),
+        "pooler": lambda table: table.choice("pooler", POOLER_MODES),
+        "listen_url": lambda table: (
+            table.text("listen_url") if "listen_url" in table.data else None
+        ),
+    }
+    name = DATABASE_ENV_PREFIX + key.upper()
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return readers[key](t)
+    value: Any = raw
+    if isinstance(t.defaults[key], int | float) and not isinstance(t.defaults[key], bool):
+        try:
+            value = int(raw) if isinstance(t.defaults[key], int) else float(raw)
+        except ValueError:
+            kind = "an integer" if isinstance(t.defaults[key], int) else "a number"
+            raise ConfigError(f"{name}: expected {kind}, got {raw!r}") from None
+    return readers[key](Keys({key: value}, name, t.defaults))
+
+
+def database_settings(data: Mapping[str, Any], where: str = "[database]") -> DatabaseSettings:
+    """Check the ``[database]`` keys besides ``url`` in ``data`` (a TOML table, or the keyword
+    arguments of ``Scheduler(...)``); ``SCHEDULER_DATABASE_<KEY>`` overrides each."""
+    defaults = {"url": DEFAULT_URL, **asdict(DatabaseSettings())}
+    t = Keys(data, where, defaults).check_keys()
+    keys = [key for key in defaults if key != "url"]
+    settings = DatabaseSettings(**{key: _database_value(t, key) for key in keys})
+    if settings.listen_url is not None:
+        listen = normalize_database_url(settings.listen_url, f"{where}: key 'listen_url'")
+        if not listen.startswith("postgresql"):
+            raise t.error("listen_url", "must be a PostgreSQL URL (only PostgreSQL can LISTEN)")
+        settings = replace(settings, listen_url=listen)
+    return settings
+
+
+def settings_from_environment() -> DatabaseSettings:
+    """The ``[database]`` defaults with ``SCHEDULER_DATABASE_<KEY>`` applied (what an engine
+    made without settings uses)."""
+    return database_settings({}, "environment")
+
+
+#: Spellings of a database URL without a driver, and the driver the scheduler uses for each.
+_DRIVERS = {
+    "postgres": "postgresql+psycopg",
+    "postgresql": "postgresql+psycopg",
+    "mysql": "mysql+pymysql",
+    "mariadb": "mariadb+pymysql",
+}
+_EXAMPLES = "sqlite:///FILE.db, postgresql://USER@HOST/DBNAME or mysql://USER@HOST/DBNAME"
+
+
+def normalize_database_url(url: str, source: str) -> str:
+    """``url`` with the scheduler's driver for the common spellings (``postgres://``,
+    ``postgresql://``: psycopg; ``mysql://``, ``mariadb://``: PyMySQL); a ConfigError naming
+    ``source`` for a URL that is not one SQLAlchemy can open."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ConfigError(f"{source}: not a database URL: expected {_EXAMPLES}") from None
+    scheme = parsed.drivername
+    if scheme in _DRIVERS:
+        return url.replace(f"{scheme}:", f"{_DRIVERS[scheme]}:", 1)
+    try:
+        parsed.get_dialect()
+    except Exception:  # NoSuchModuleError and its kin: the scheme names no dialect
+        raise ConfigError(
+            f"{source}: unknown database kind {scheme!r}: expected {_EXAMPLES}"
+        ) from None
+    return url
+
+
+def relative_sqlite_url(url: str, folder: str) -> str:
+    """A SQLite URL's relative file path made relative to ``folder`` (the config file's)."""
+    if not url.startswith("sqlite"):
+        return url
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return url  # normalize_database_url says what is wrong with it
+    database = parsed.database
+    if (
+        not database
+        or database == ":memory:"
+        or database.startswith("file:")
+        or os.path.isabs(database)
+    ):
+        return url
+    return parsed.set(database=os.path.join(folder, database)).render_as_string(hide_password=False)
