@@ -30,7 +30,7 @@ from _bench import fmt, median, progress
 from sqlalchemy import insert
 
 from scheduler import Scheduler
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store.jobs import new_job_values
 from scheduler._store.tables import jobs as job_table
 
@@ -50,7 +50,7 @@ def child(kind: str, url: str) -> None:
     """The worker process: run every ready job once, print the figures as JSON."""
     import asyncio
 
-    from scheduler._worker import Worker
+    from scheduler._worker.worker import Worker
 
     registry = Registry()
     if kind == "async":

@@ -33,8 +33,8 @@ from sqlalchemy import event, text
 
 from scheduler import Scheduler
 from scheduler._config import DashboardSettings
-from scheduler._handlers import Registry
-from scheduler._store import health as _health
+from scheduler._model.handlers import Registry
+from scheduler._store.status import health as _health
 from scheduler.dashboard import create_app
 
 T0 = datetime(2030, 1, 7, 12, 0, tzinfo=UTC)

@@ -43,7 +43,7 @@ from sqlalchemy import create_engine, delete, insert, text
 from sqlalchemy.engine import make_url
 
 from scheduler import Scheduler
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store.bulk import COLUMNS
 from scheduler._store.tables import jobs
 

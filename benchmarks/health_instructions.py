@@ -24,8 +24,8 @@ from dashboard_pages import T0, _get, populate
 
 from scheduler import Scheduler
 from scheduler._config import DashboardSettings
-from scheduler._handlers import Registry
-from scheduler._store import health as _health
+from scheduler._model.handlers import Registry
+from scheduler._store.status import health as _health
 from scheduler.dashboard import create_app
 
 

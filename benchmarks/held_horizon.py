@@ -42,7 +42,7 @@ from _bench import fmt, progress
 from sqlalchemy import create_engine, event, text
 
 from scheduler import Scheduler
-from scheduler._worker import Worker
+from scheduler._worker.worker import Worker
 
 HANDLER = "bench.noop"
 TABLES = ("scheduler_jobs", "scheduler_runs", "scheduler_rows", "scheduler_decisions")

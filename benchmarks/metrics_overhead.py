@@ -46,10 +46,10 @@ from sqlalchemy import delete
 
 from scheduler import Scheduler
 from scheduler._config import MetricsSettings
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._model.rows import TaskSpec
 from scheduler._store.tables import metadata
-from scheduler._worker import Worker
+from scheduler._worker.worker import Worker
 
 PG_DATABASE = "bench_metrics_15"
 

@@ -31,7 +31,7 @@ os.environ["PSYCOPG_IMPL"] = "python"  # before psycopg is imported: see Tracer
 
 from scheduler import Scheduler, TaskSpec
 from scheduler._app import TICK_RECORD_SECONDS
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 
 HERE = Path(__file__).resolve().parent
 PG_URL = os.environ.get("SCHEDULER_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")

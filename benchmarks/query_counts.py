@@ -30,7 +30,7 @@ from sqlalchemy.engine import make_url
 
 from scheduler import Scheduler, TaskSpec
 from scheduler._app import TICK_RECORD_SECONDS
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store.tables import metadata
 
 PG_URL = os.environ.get("SCHEDULER_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")

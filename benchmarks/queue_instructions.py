@@ -22,10 +22,10 @@ from pathlib import Path
 from sqlalchemy import delete, insert
 
 from scheduler import Scheduler
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store.jobs import new_job_values
 from scheduler._store.tables import jobs
-from scheduler._worker import Worker
+from scheduler._worker.worker import Worker
 
 
 def main(path: str, mode: str, n: int, off: bool) -> None:

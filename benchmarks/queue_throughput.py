@@ -47,7 +47,7 @@ from scheduler import Scheduler
 from scheduler._store import make_engine
 from scheduler._store.jobs import new_job_values
 from scheduler._store.tables import jobs as our_jobs
-from scheduler._worker import Worker
+from scheduler._worker.worker import Worker
 
 HANDLER = "bench.noop"
 LEASE = timedelta(seconds=60)

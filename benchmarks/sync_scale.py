@@ -34,7 +34,7 @@ from sqlalchemy import create_engine, delete, event, text
 from sqlalchemy.engine import make_url
 
 from scheduler import Scheduler, TaskSpec, load_config
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store.tables import metadata
 
 CRONS = ("*/15 * * * *", "0 3 * * *", "H * * * *", "H H * * *")

@@ -57,8 +57,8 @@ def ours_worker(
 ) -> None:
     """A worker (concurrency 4; ``tick``: its tick interval) until ``stop`` is set."""
     from scheduler import Scheduler
-    from scheduler._handlers import Registry
-    from scheduler._worker import Worker
+    from scheduler._model.handlers import Registry
+    from scheduler._worker.worker import Worker
 
     registry = Registry()
     registry.handler(HANDLER, retry_safe=True)(_stamp_to(Path(out)))
@@ -130,7 +130,7 @@ def ours_latency(
     url: str, samples: int, *, broker: str | None = None, wakeups: bool = True
 ) -> Samples:
     from scheduler import Scheduler
-    from scheduler._handlers import Registry
+    from scheduler._model.handlers import Registry
 
     folder = Path(tempfile.mkdtemp(prefix="wakeup-bench-"))
     out = folder / "starts"
@@ -232,7 +232,7 @@ def cron_latency(url: str, samples: int, tasks: int = 10) -> list[float]:
     ``created_at`` (the instant the tick began, before its due query and the dispatch's
     commit) to its handler's first line."""
     from scheduler import Scheduler
-    from scheduler._handlers import Registry
+    from scheduler._model.handlers import Registry
     from scheduler._model.rows import TaskSpec
     from scheduler._store.tables import jobs
 
@@ -276,8 +276,8 @@ def idle_cost(url: str, wakeups: bool, broker: str | None, seconds: float) -> tu
     """(SQL statements per second, CPU seconds per second) of an idle worker in this process:
     the engine's statements, and the LISTEN connection's two (counted once per connection)."""
     from scheduler import Scheduler
-    from scheduler._handlers import Registry
-    from scheduler._worker import Worker
+    from scheduler._model.handlers import Registry
+    from scheduler._worker.worker import Worker
 
     app = Scheduler(url, registry=Registry(), broker_url=broker, wakeups=wakeups, clock="local")
     counter = Counter(app.store.engine)

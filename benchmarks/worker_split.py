@@ -43,7 +43,7 @@ from sqlalchemy import func, insert, select
 from scheduler import Scheduler, TaskSpec
 from scheduler._store.jobs import new_job_values
 from scheduler._store.tables import jobs, runs, workers
-from scheduler._worker import tick_offset
+from scheduler._worker.worker import tick_offset
 
 DATABASE = "bench_worker_split"
 HELD_MS = 100  # a job claimed this long before its start waited for a thread of its worker

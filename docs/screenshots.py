@@ -21,8 +21,8 @@ from playwright.sync_api import sync_playwright
 
 from scheduler import PermanentError, Scheduler, TaskSpec
 from scheduler._config import DashboardSettings
-from scheduler._handlers import Registry
-from scheduler._store.health import touch
+from scheduler._model.handlers import Registry
+from scheduler._store.status.health import touch
 from scheduler.dashboard import create_app, hash_password
 
 OUT = Path(__file__).resolve().parent / "screenshots"

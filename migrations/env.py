@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from scheduler._migrate import VERSION_TABLE
+from scheduler._store.migrate import VERSION_TABLE
 from scheduler._store.tables import metadata
 
 connection = context.config.attributes["connection"]

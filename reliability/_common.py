@@ -92,8 +92,8 @@ def prepare_database(url: str) -> None:
             conn.execute(text(f"CREATE DATABASE IF NOT EXISTS `{parsed.database}`"))
         admin.dispose()
     from scheduler import Scheduler
-    from scheduler._handlers import Registry
-    from scheduler._migrate import VERSION_TABLE
+    from scheduler._model.handlers import Registry
+    from scheduler._store.migrate import VERSION_TABLE
     from scheduler._store.tables import metadata
 
     app = Scheduler(url, registry=Registry())
@@ -318,7 +318,7 @@ class Producer(threading.Thread):
         self, url: str, rate: float, seed: int, sleeps: tuple[float, float] = (0.05, 0.5)
     ) -> None:
         from scheduler import Scheduler
-        from scheduler._handlers import Registry
+        from scheduler._model.handlers import Registry
 
         super().__init__(name="producer", daemon=True)
         self.app = Scheduler(url, registry=Registry())

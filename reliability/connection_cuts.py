@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as c
 
 from scheduler import Scheduler
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store.tables import jobs, workers
 
 TERMINAL = ("succeeded", "aborted")

@@ -44,7 +44,7 @@ import _common as c
 import _pgbouncer
 
 from scheduler import Scheduler
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store.tables import jobs, workers
 
 TERMINAL = ("succeeded", "aborted")

@@ -41,7 +41,7 @@ def append_line(path: str, line: str) -> None:
 def racer(url: str, out: str, start: Any, worker_id: str) -> None:
     """One process: wait for the start signal, then run ready jobs until none is left."""
     from scheduler import Scheduler
-    from scheduler._handlers import Registry
+    from scheduler._model.handlers import Registry
 
     app = Scheduler(url, registry=Registry(), worker_id=worker_id)
 
@@ -65,7 +65,7 @@ def racer(url: str, out: str, start: Any, worker_id: str) -> None:
 
 def one_run(url: str, out: Path, processes: int, count: int) -> dict[str, int]:
     from scheduler import Scheduler
-    from scheduler._handlers import Registry
+    from scheduler._model.handlers import Registry
     from scheduler._store.tables import jobs, runs
 
     app = Scheduler(url, registry=Registry())

@@ -134,7 +134,7 @@ def analyse(
 ) -> tuple[list[c.Figure], list[str]]:
     """``times``: before and after the sync, and the end of the measured run."""
     from scheduler import Scheduler
-    from scheduler._handlers import Registry
+    from scheduler._model.handlers import Registry
     from scheduler._store.tables import jobs, rows
 
     t_before, t_sync, t_end = times

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from . import signals
     from ._app import Scheduler, default_registry
-    from ._backfill import BackfillResult
     from ._config import AppConfig, load_config
     from ._errors import (
         ConfigError,
@@ -25,10 +24,11 @@ if TYPE_CHECKING:
         UnknownRow,
     )
     from ._model.job import Job
+    from ._model.report import TickReport
     from ._model.rows import SyncPlan, TaskRow, TaskSpec
-    from ._runner import RunningJob, current_job
+    from ._ops.backfill import BackfillResult
     from ._store.audit import AuditEntry
-    from ._tick import TickReport
+    from ._worker.runner import RunningJob, current_job
 
     __version__: str
 
@@ -36,14 +36,14 @@ if TYPE_CHECKING:
 _WHERE = {
     "AppConfig": "._config",
     "AuditEntry": "._store.audit",
-    "BackfillResult": "._backfill",
+    "BackfillResult": "._ops.backfill",
     "ConfigError": "._errors",
     "Job": "._model.job",
     "JobStateError": "._errors",
     "LeaseLost": "._errors",
     "PayloadError": "._errors",
     "PermanentError": "._errors",
-    "RunningJob": "._runner",
+    "RunningJob": "._worker.runner",
     "Scheduler": "._app",
     "SchedulerError": "._errors",
     "SchemaOutdated": "._errors",
@@ -52,7 +52,7 @@ _WHERE = {
     "TaskSpec": "._model.rows",
     "TickReport": "._model.report",
     "UnknownRow": "._errors",
-    "current_job": "._runner",
+    "current_job": "._worker.runner",
     "default_registry": "._app",
     "load_config": "._config",
 }

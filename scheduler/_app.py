@@ -18,8 +18,7 @@ from sqlalchemy import URL, Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
-from . import _migrate, _wakeup, signals
-from ._caller import CallerTransaction, adopt
+from . import signals
 from ._config import (
     AppConfig,
     BrokerSettings,
@@ -31,29 +30,32 @@ from ._config import (
     load_config,
 )
 from ._errors import ConfigError, JobStateError, SchedulerError, SchemaOutdated, UnknownRow
-from ._handlers import AbandonedHook, F, Registry, TenantContext
 from ._model import rules as _rules
-from ._model.job import Job
+from ._model.handlers import AbandonedHook, F, Registry, TenantContext
+from ._model.job import Job, RecordedHook
 from ._model.rows import SyncPlan, TaskRow, TaskSpec
 from ._model.time import Clock, as_utc, iso
-from ._retry import retry
 from ._store import Store, make_engine
 from ._store import audit as _audit
 from ._store import clock as _clock
 from ._store import decisions as _decisions
-from ._store import health as _health
 from ._store import jobs as _jobs
+from ._store import migrate as _migrate
 from ._store import rows as _rows
+from ._store import wakeup as _wakeup
 from ._store.audit import AuditEntry
+from ._store.caller import CallerTransaction, adopt
+from ._store.retry import retry
 from ._store.settings import DatabaseSettings, database_settings, normalize_database_url
+from ._store.status import health as _health
 
 if TYPE_CHECKING:
     import asyncio
 
-    from . import _backfill
-    from ._background import BackgroundWorker
-    from ._runner import RecordedHook, Runner
-    from ._tick import TickReport
+    from ._model.report import TickReport
+    from ._ops import backfill as _backfill
+    from ._worker.background import BackgroundWorker
+    from ._worker.runner import Runner
 
 # The tick, the runner, backfill and alerts (croniter, the dispatch paths) are imported by the
 # methods that use them: `scheduler status` and the dashboard's pages never do.
@@ -209,8 +211,9 @@ class Scheduler:
         self._tick_recorded_at: datetime | None = None
         self._loop: asyncio.Runner | None = None  # app.work()'s loop for async handlers
         self._loop_lock = threading.Lock()
-        #: Told of every runner's committed outcomes (scheduler.metrics adds its counter).
-        self._recorded_hooks: list[RecordedHook] = []
+        #: Told of every runner's committed outcomes: (the job as written, how it ended);
+        #: ``scheduler.metrics`` adds its counter here.
+        self.recorded_hooks: list[RecordedHook] = []
 
     def clock_offset(self) -> float | None:
         """The database server's time minus this host's wall clock, in seconds (None on
@@ -365,17 +368,28 @@ class Scheduler:
             signals.send(signals.slot_skipped, name, slot=slot, decision="paused", reason=reason)
         return plan
 
-    def tick(self, now: datetime | None = None) -> TickReport:
+    def tick(self, now: datetime | None = None, *, record: bool = True) -> TickReport:
         """Dispatch, rerun, hold back or disable every due row (docs/explanation/tick.md).
 
         The tick is kept on record for ``status`` (any process that ticks counts as ticking),
         at most once every ``TICK_RECORD_SECONDS`` of the clock: the idle tick stays one
-        statement in between.
+        statement in between. ``record=False`` leaves that to the caller (a running worker
+        records its ticks itself, with its presence).
         """
+        from . import _tick
+
         self.check_schema()  # first: the database's clock would fail less clearly
         ticked_at = as_utc(now) if now is not None else self.clock()
-        report = self._tick(ticked_at)
-        self._record_tick(ticked_at)
+        report = _tick.tick(
+            self.store,
+            now=ticked_at,
+            max_consecutive_failures=self.settings.max_consecutive_failures,
+            batch_size=self.settings.batch_size,
+            job_defaults=self._job_defaults,
+            connections=self.settings.tick_connections,
+        )
+        if record:
+            self._record_tick(ticked_at)
         return report
 
     def _record_tick(self, ticked_at: datetime) -> None:
@@ -389,20 +403,6 @@ class Scheduler:
             log.warning("could not record the tick for `status`: %s", exc)
             return
         self._tick_recorded_at = now
-
-    def _tick(self, now: datetime | None = None) -> TickReport:
-        from . import _tick
-
-        """The tick without its record (a running worker records its ticks itself)."""
-        self.check_schema()
-        return _tick.tick(
-            self.store,
-            now=as_utc(now) if now is not None else self.clock(),
-            max_consecutive_failures=self.settings.max_consecutive_failures,
-            batch_size=self.settings.batch_size,
-            job_defaults=self._job_defaults,
-            connections=self.settings.tick_connections,
-        )
 
     def enable(
         self,
@@ -527,7 +527,7 @@ class Scheduler:
     def deliver_pending_alerts(self, older_than: float = 30.0) -> int:
         """Deliver ``row_disabled`` alerts whose receivers never ran (a crash after commit)."""
         with self.store.engine.connect() as conn:
-            from . import _alerts
+            from ._store import alerts as _alerts
 
             return _alerts.deliver_pending(
                 conn, now=self.clock(), older_than=timedelta(seconds=older_than)
@@ -562,7 +562,7 @@ class Scheduler:
         its column; :class:`SchedulerError` for a ``connection`` that is not in a transaction,
         in autocommit, or on another database.
         """
-        from . import _tracing
+        from ._observe import tracing as _tracing
 
         values = self._job_values(
             handler,
@@ -655,7 +655,7 @@ class Scheduler:
             values.append(self._item_values(index, item, now))
         if not values:
             return []
-        from . import _tracing
+        from ._observe import tracing as _tracing
 
         with (
             self._caller(connection) as caller,
@@ -827,7 +827,7 @@ class Scheduler:
         is written; ``dry_run`` writes nothing. Running it twice enqueues nothing twice, also
         from two processes at once (docs/howto/operate.md).
         """
-        from . import _backfill
+        from ._ops import backfill as _backfill
 
         self.check_schema()
         who, why = _audit.check(actor, reason)
@@ -889,7 +889,7 @@ class Scheduler:
             return found
 
     def runner(self, settings: WorkerSettings | None = None) -> Runner:
-        from ._runner import Runner
+        from ._worker.runner import Runner
 
         w = settings or self.worker_settings
         return Runner(
@@ -902,7 +902,7 @@ class Scheduler:
             backoff_max=timedelta(seconds=self.settings.backoff_max_seconds),
             queues=w.queues,
             coroutine_runner=self._run_coroutine,
-            recorded=self._recorded_hooks,
+            recorded=self.recorded_hooks,
         )
 
     def _run_coroutine(self, coro: Coroutine[Any, Any, _T]) -> _T:
@@ -949,8 +949,8 @@ class Scheduler:
         stops the command (running jobs get ``shutdown_grace_seconds``). Every process of a
         server may run one (docs/howto/fastapi.md says what each costs).
         """
-        from ._background import BackgroundWorker
-        from ._background import worker_settings as chosen
+        from ._worker.background import BackgroundWorker
+        from ._worker.background import worker_settings as chosen
 
         settings = chosen(self, worker_settings)
         if self._worker_id_pid is not None and self._worker_id_pid != os.getpid():
@@ -990,13 +990,12 @@ class Scheduler:
         NAME --json`` (the state in one sentence, the policies, the next 10 fires, the last 20
         decisions, the last 10 runs). Raises :class:`~scheduler.UnknownRow` for an unknown name.
         """
-        from . import _explain
+        from ._ops import explain as _explain
 
         self.check_schema()
-        with self.store.read() as conn:
-            return _explain.explain(
-                conn, name, self.clock(), self.settings.max_consecutive_failures
-            )
+        return _explain.explain(
+            self.store, name, self.clock(), self.settings.max_consecutive_failures
+        )
 
     def status(self) -> dict[str, Any]:
         """Rows, job counts and health: the data of ``scheduler status --json``."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from ._errors import ConfigError, PayloadError
 from ._model.cron import validate_cron, validate_timezone
+from ._model.passwords import check_hash_format
 from ._model.payload import decode_payload, encode_payload, find_credential_key
 from ._model.rows import TaskSpec
 from ._model.rules import (
@@ -25,7 +26,6 @@ from ._model.rules import (
     overlap_problem,
     tenant_problem,
 )
-from ._passwords import check_hash_format
 from ._store.settings import (
     DEFAULT_URL,
     DatabaseSettings,

@@ -126,7 +126,7 @@ class State:
 
     def import_handlers(self) -> None:
         """Import the [worker] imports, from the config file's folder or the current one."""
-        from ._worker import import_handlers
+        from ._worker.worker import import_handlers
 
         global _user_code_imported
         app = self.open()
@@ -193,7 +193,7 @@ def cli(ctx: click.Context, config: str | None, debug: bool, log_level: str) -> 
 @pass_state
 def migrate(state: State, revision: str) -> None:
     """Create or upgrade the database schema (or move it to --revision)."""
-    from . import _migrate
+    from ._store import migrate as _migrate
 
     app = state.open(check_schema=False)
     app.migrate(revision)
@@ -314,7 +314,7 @@ def worker(state: State, once: bool, concurrency: int | None, allow_unknown_hand
     lets the running jobs finish within shutdown_grace_seconds (a second signal: no wait),
     leaves any still running to lease expiry and takeover, and exits 0.
     """
-    from ._worker import Worker
+    from ._worker.worker import Worker
 
     app = state.open()
     state.import_handlers()

@@ -25,13 +25,11 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from blinker import NamedSignal
-from sqlalchemy import func, select, true
 
 from . import signals as _signals
-from ._model.rules import CLAIMED, QUEUED
+from ._model.report import Outcome, TickReport
 from ._model.time import as_utc
-from ._store.tables import jobs, rows
-from ._tick import DISPATCHED, RERUN, TickReport
+from ._store.due import next_event
 
 if TYPE_CHECKING:
     from ._app import Scheduler
@@ -123,7 +121,7 @@ class DriveReport:
     def times(self, name: str, *outcomes: str) -> list[datetime]:
         """The instants at which row ``name`` had one of ``outcomes`` (default: it started a
         run, i.e. ``dispatched`` or ``rerun``)."""
-        wanted = outcomes or (DISPATCHED, RERUN)
+        wanted = outcomes or (Outcome.DISPATCHED, Outcome.RERUN)
         return [
             step.now
             for step in self.steps
@@ -134,19 +132,8 @@ class DriveReport:
 
 def _next_event(app: Scheduler, after: datetime) -> datetime | None:
     """The earliest instant after ``after`` at which a tick or a worker has something to do."""
-    due = select(func.min(rows.c.next_run_at)).where(
-        rows.c.enabled == true(), rows.c.next_run_at > after
-    )
-    retry = select(func.min(jobs.c.run_at)).where(jobs.c.state == QUEUED, jobs.c.run_at > after)
-    lease = select(func.min(jobs.c.lease_expires_at)).where(
-        jobs.c.state == CLAIMED, jobs.c.lease_expires_at > after
-    )
     with app.store.read() as conn:
-        found = conn.execute(
-            select(due.scalar_subquery(), retry.scalar_subquery(), lease.scalar_subquery())
-        ).one()
-    times = [t for t in found if t is not None]
-    return min(times) if times else None
+        return next_event(conn, after)
 
 
 def drive(

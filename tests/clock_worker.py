@@ -27,8 +27,8 @@ from datetime import datetime
 from typing import Any
 
 from scheduler import Scheduler, signals
-from scheduler._handlers import Registry
-from scheduler._worker import Worker
+from scheduler._model.handlers import Registry
+from scheduler._worker.worker import Worker
 
 
 def append(path: str, record: dict[str, Any]) -> None:

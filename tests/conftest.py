@@ -28,9 +28,9 @@ from sqlalchemy import create_engine, delete, text
 from sqlalchemy.engine import make_url as make_sa_url
 
 from scheduler import Scheduler
-from scheduler._handlers import Registry
-from scheduler._migrate import VERSION_TABLE
+from scheduler._model.handlers import Registry
 from scheduler._store import Store
+from scheduler._store.migrate import VERSION_TABLE
 from scheduler._store.tables import metadata
 
 PG_SERVER = os.environ.get("SCHEDULER_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")

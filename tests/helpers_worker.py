@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler import Scheduler
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 
 RACE_HANDLER = "race.job"
 

@@ -18,8 +18,8 @@ import psycopg
 import pytest
 
 from scheduler import RunningJob, Scheduler, SchedulerError, TaskSpec, current_job
-from scheduler._handlers import Registry
-from scheduler._worker import Worker
+from scheduler._model.handlers import Registry
+from scheduler._worker.worker import Worker
 from scheduler.testing import ManualClock, drive
 
 
@@ -282,7 +282,7 @@ def test_a_handler_blocking_the_loop_is_logged_by_name(
 
     sp_app.enqueue("a.polite")
     job = sp_app.enqueue("a.blocks")
-    with caplog.at_level(logging.WARNING, logger="scheduler._loop"):
+    with caplog.at_level(logging.WARNING, logger="scheduler._worker.events"):
         run_worker(sp_app)
     blocked = [r for r in caplog.records if getattr(r, "action", "") == "event_loop_blocked"]
     # One episode, one line; a busy machine may add an episode of its own (no job named).
@@ -423,7 +423,7 @@ def test_worker_once_runs_async_handlers(tmp_path: Path, sqlite_template: Path) 
 VICTIM = """
 import sys
 from scheduler import Scheduler, default_registry
-from scheduler._worker import Worker
+from scheduler._worker.worker import Worker
 import async_jobs  # registers the handlers
 
 app = Scheduler(sys.argv[1], worker_id="victim", lease_seconds=1)

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import func, select
 
 from scheduler import Scheduler, SchemaOutdated, TaskSpec
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store.tables import jobs, workers
 
 

@@ -39,7 +39,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from scheduler import PayloadError, PermanentError, Scheduler, SchedulerError, TaskSpec, signals
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store import bulk
 from scheduler._store.tables import audit, jobs
 from scheduler.testing import ManualClock
@@ -506,7 +506,7 @@ CRASH_SCRIPT = """
 import sys, time
 from sqlalchemy import create_engine, insert, text
 from scheduler import Scheduler
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 sys.path.insert(0, {tests!r})
 from test_caller_transaction import orders
 url = sys.argv[1]

@@ -15,11 +15,11 @@ import pytest
 from sqlalchemy import create_engine, insert, text
 
 from scheduler import Scheduler
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._model.job import Job
 from scheduler._store import cursor as _cursor
-from scheduler._store import horizon as _horizon
 from scheduler._store import jobs as _jobs
+from scheduler._store.status import horizon as _horizon
 from scheduler._store.tables import jobs
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)

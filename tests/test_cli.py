@@ -18,8 +18,8 @@ from sqlalchemy import create_engine, inspect, select
 
 import scheduler
 from scheduler import Scheduler
-from scheduler._handlers import Registry
-from scheduler._migrate import head_revision
+from scheduler._model.handlers import Registry
+from scheduler._store.migrate import head_revision
 from scheduler._store.tables import workers
 
 COMMAND = [sys.executable, "-m", "scheduler.cli"]

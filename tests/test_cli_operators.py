@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from scheduler import JobStateError, PermanentError, Scheduler, UnknownRow
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store.tables import audit, jobs
 from scheduler.cli import main
 

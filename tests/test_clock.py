@@ -22,13 +22,13 @@ from sqlalchemy import func, select
 from scheduler import Scheduler, TaskSpec
 from scheduler._config import parse_config
 from scheduler._errors import ConfigError
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._model.time import utcnow
 from scheduler._store import Store
-from scheduler._store import health as _health
 from scheduler._store.clock import CLOCK_ENV, DatabaseClock, choose
+from scheduler._store.status import health as _health
 from scheduler._store.tables import jobs, runs
-from scheduler._worker import Worker
+from scheduler._worker.worker import Worker
 from scheduler.testing import ManualClock
 
 

@@ -23,7 +23,7 @@ import pytest
 from helpers_worker import append_line, read_lines
 
 from scheduler import Job, Scheduler
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store import jobs as _jobs
 
 HELPER = Path(__file__).resolve().parent / "helpers_worker.py"

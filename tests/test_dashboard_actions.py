@@ -15,7 +15,7 @@ from sqlalchemy import update
 
 from scheduler import PermanentError, Scheduler, TaskSpec
 from scheduler._errors import JobStateError
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store import jobs as _jobs
 from scheduler._store.tables import jobs, rows
 

@@ -23,8 +23,8 @@ import pytest
 
 from scheduler import PermanentError, Scheduler, TaskSpec
 from scheduler._config import DashboardSettings
-from scheduler._handlers import Registry
-from scheduler._worker import Worker
+from scheduler._model.handlers import Registry
+from scheduler._worker.worker import Worker
 from scheduler.dashboard import create_app, hash_password
 
 playwright_api = pytest.importorskip("playwright.sync_api")

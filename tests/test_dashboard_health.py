@@ -16,8 +16,8 @@ from starlette.testclient import TestClient
 
 from scheduler import Scheduler
 from scheduler._config import DashboardSettings
-from scheduler._handlers import Registry
-from scheduler._store.health import WARNED_LIMIT, overview, status
+from scheduler._model.handlers import Registry
+from scheduler._store.status.health import WARNED_LIMIT, overview, status
 from scheduler._store.tables import jobs, rows
 from scheduler.dashboard import create_app
 from scheduler.dashboard._counts import COST_SHARE, FinishedCounts

@@ -20,7 +20,7 @@ from starlette.testclient import TestClient
 
 from scheduler import ConfigError, PermanentError, Scheduler, TaskSpec
 from scheduler._config import DashboardSettings, parse_config
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store.tables import rows
 from scheduler.dashboard import create_app, hash_password, verify_password
 from scheduler.dashboard._auth import check_bind, check_hash_format

@@ -19,10 +19,10 @@ from sqlalchemy import create_engine, select, text, update
 from sqlalchemy.exc import DBAPIError
 
 from scheduler import ConfigError, Scheduler, TaskSpec
-from scheduler._dispatch.pipeline import Spread
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store import engine as _engine
 from scheduler._store import locks as _locks
+from scheduler._store.pipeline import Spread
 from scheduler._store.tables import jobs
 from scheduler.tenancy import SchemaPerTenant
 

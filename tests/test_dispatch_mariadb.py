@@ -15,18 +15,18 @@ import pytest
 from sqlalchemy import create_engine, event, select, text
 
 from scheduler import Scheduler, TaskSpec
+from scheduler import _tick as tick_loop
 from scheduler import _tick as tick_module
-from scheduler._dispatch import Work
-from scheduler._dispatch.portable import PortableDispatcher
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._model.rows import DueRow
 from scheduler._model.slots import next_slot
 from scheduler._store import make_engine
 from scheduler._store.driver import Prepared
+from scheduler._store.due import due
 from scheduler._store.engine import CLIENT_MULTI_STATEMENTS
 from scheduler._store.tables import decisions, jobs, rows
-from scheduler._tick import loop as tick_loop
-from scheduler._tick.due import due
+from scheduler._store.writers import Work
+from scheduler._store.writers.portable import PortableDispatcher
 from scheduler.testing import ManualClock
 
 T0 = datetime(2030, 1, 7, 12, 0, tzinfo=UTC)

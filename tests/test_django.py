@@ -29,8 +29,9 @@ from sqlalchemy import create_engine, text
 from test_wakeup import RedisServer
 from test_wakeup import redis_server as redis_server  # the fixture
 
-from scheduler import Scheduler, _wakeup
-from scheduler._handlers import Registry
+from scheduler import Scheduler
+from scheduler._model.handlers import Registry
+from scheduler._store import wakeup as _wakeup
 
 pytest.importorskip("django")
 

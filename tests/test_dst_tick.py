@@ -25,8 +25,8 @@ import pytest
 from freezegun import freeze_time
 
 from scheduler import Scheduler, TaskSpec
-from scheduler._handlers import Registry
 from scheduler._model import cron as _cron
+from scheduler._model.handlers import Registry
 from scheduler.testing import DriveReport, ManualClock, Step, drive
 
 BERLIN = "Europe/Berlin"

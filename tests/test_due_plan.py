@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import insert, text
 
 from scheduler import Scheduler
-from scheduler._tick import due as _due
+from scheduler._store import due as _due
 
 N = 3_000
 BATCH = 100

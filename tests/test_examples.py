@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import create_engine, func, select, text
 
 from scheduler import Scheduler
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store.tables import jobs, workers
 
 ROOT = Path(__file__).resolve().parent.parent

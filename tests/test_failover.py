@@ -23,7 +23,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError
 
 from scheduler import Scheduler, TaskSpec
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store.driver import read_only_server
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from scheduler import Scheduler, _migrate
-from scheduler._handlers import Registry
+from scheduler import Scheduler
+from scheduler._model.handlers import Registry
+from scheduler._store import migrate as _migrate
 
 COMMAND = [sys.executable, "-m", "scheduler.cli"]
 
@@ -586,7 +587,7 @@ def test_reruns_log_their_run_number_and_the_worker_counts_runs(
     import logging
 
     from scheduler import TaskSpec
-    from scheduler._worker import Worker
+    from scheduler._worker.worker import Worker
 
     app = Scheduler(migrated, registry=Registry())
     try:

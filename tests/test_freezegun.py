@@ -26,8 +26,8 @@ from conftest import make_url
 from freezegun import freeze_time
 
 from scheduler import Scheduler, TaskSpec
-from scheduler._handlers import Registry
 from scheduler._model import cron as _cron
+from scheduler._model.handlers import Registry
 from scheduler.testing import ManualClock
 
 FIRST_IMPORT_FROZEN = textwrap.dedent(

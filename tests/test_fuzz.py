@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from scheduler import ConfigError, PayloadError, Scheduler, load_config
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store import Store
 from scheduler._store.tables import jobs, rows
 

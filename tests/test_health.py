@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import update
 
 from scheduler import Scheduler, SchemaOutdated, TaskSpec
-from scheduler._handlers import Registry
-from scheduler._store import health as _health
-from scheduler._store.health import HealthSettings, Thresholds, forget, touch
+from scheduler._model.handlers import Registry
+from scheduler._store.status import health as _health
+from scheduler._store.status.health import HealthSettings, Thresholds, forget, touch
 from scheduler._store.tables import rows
 
 

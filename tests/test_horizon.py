@@ -16,10 +16,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, text
 
 from scheduler import Scheduler
-from scheduler._handlers import Registry
-from scheduler._store import health as _health
-from scheduler._store import horizon as _horizon
-from scheduler._store.health import HealthSettings, Thresholds
+from scheduler._model.handlers import Registry
+from scheduler._store.status import health as _health
+from scheduler._store.status import horizon as _horizon
+from scheduler._store.status.health import HealthSettings, Thresholds
 from scheduler.metrics import Metrics
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from scheduler import RunningJob, Scheduler, TaskSpec
-from scheduler._handlers import Registry
-from scheduler._worker import Worker
+from scheduler._model.handlers import Registry
+from scheduler._worker.worker import Worker
 from scheduler.testing import ManualClock, drive
 
 T0 = datetime(2030, 1, 7, 12, 0, tzinfo=UTC)  # a Monday, on the hour

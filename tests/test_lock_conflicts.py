@@ -23,12 +23,12 @@ from sqlalchemy import Connection, Engine, create_engine, event, select, text, u
 from sqlalchemy.exc import OperationalError
 
 from scheduler import Scheduler, TaskSpec
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._model.job import Job
-from scheduler._retry import DEADLOCK, LOCK_WAIT_TIMEOUT, lock_conflict
 from scheduler._store import jobs as _jobs
 from scheduler._store import make_engine
 from scheduler._store.engine import nowait, skip_locked
+from scheduler._store.retry import DEADLOCK, LOCK_WAIT_TIMEOUT, lock_conflict
 from scheduler._store.tables import decisions, jobs, rows
 from scheduler.testing import ManualClock
 
@@ -426,7 +426,7 @@ class Crosser(threading.Thread):
 @pytest.fixture
 def conflicts(caplog: pytest.LogCaptureFixture) -> Callable[[], list[int]]:
     """The lock conflicts the retry helper saw, by code."""
-    caplog.set_level(logging.DEBUG, logger="scheduler._retry")
+    caplog.set_level(logging.DEBUG, logger="scheduler._store.retry")
 
     def seen() -> list[int]:
         return [r.code for r in caplog.records if getattr(r, "action", "").startswith("lock_")]

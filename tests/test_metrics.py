@@ -23,10 +23,10 @@ from test_deploy_config import config_metric_names
 
 from scheduler import ConfigError, PermanentError, Scheduler, TaskSpec
 from scheduler._config import parse_config
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store import jobs as _jobs
 from scheduler._store.tables import jobs
-from scheduler._worker import Worker
+from scheduler._worker.worker import Worker
 from scheduler.metrics import Metrics, asgi_app
 
 #: SPEC §12: every name and its labels (a histogram's labels are on its _count series).
@@ -400,8 +400,8 @@ def test_no_prometheus_import_when_metrics_are_off(tmp_path: Path) -> None:
     script = (
         "import sys\n"
         "from scheduler import Scheduler\n"
-        "from scheduler._handlers import Registry\n"
-        "from scheduler._worker import Worker\n"
+        "from scheduler._model.handlers import Registry\n"
+        "from scheduler._worker.worker import Worker\n"
         f"app = Scheduler('sqlite:///{tmp_path / 's.db'}', registry=Registry())\n"
         "app.migrate()\n"
         "Worker(app).run(once=True)\n"

@@ -25,8 +25,8 @@ from sqlalchemy import Engine, String, create_engine, inspect, text
 from sqlalchemy.exc import IntegrityError
 
 from scheduler import Scheduler, SchemaOutdated
-from scheduler._handlers import Registry
-from scheduler._migrate import VERSION_TABLE, current_revision, downgrade, head_revision
+from scheduler._model.handlers import Registry
+from scheduler._store.migrate import VERSION_TABLE, current_revision, downgrade, head_revision
 from scheduler._store.tables import PARTIAL_WHERE, UTCDateTime, jobs, metadata
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -651,7 +651,7 @@ def test_0006_drops_the_decision_time_index_and_keeps_the_entries(app: Scheduler
 def test_the_schema_check_reads_the_same_head_as_alembic() -> None:
     """`check_schema` skips Alembic when the database is at the head it reads from the shipped
     revision files: that head must be Alembic's own."""
-    from scheduler._migrate import head_revision, shipped_head
+    from scheduler._store.migrate import head_revision, shipped_head
 
     assert shipped_head() == head_revision()
 

@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from scheduler import Scheduler, TaskSpec
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store import Store
 from scheduler._store import locks as _locks
 from scheduler._store.engine import LOCK_TIMEOUT_SECONDS

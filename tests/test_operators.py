@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import func, insert, select, text, update
 
 from scheduler import JobStateError, PermanentError, Scheduler, SchedulerError, TaskSpec
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store import audit as _audit
 from scheduler._store.tables import audit, decisions, jobs, rows, runs
 from scheduler.testing import ManualClock

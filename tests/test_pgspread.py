@@ -13,8 +13,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from test_driver import INSERT as INSERT_JOB
 
 from scheduler import Scheduler
-from scheduler._dispatch.pipeline import Spread
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
+from scheduler._store.pipeline import Spread
 from scheduler._store.tables import jobs
 
 NOW = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
@@ -241,7 +241,7 @@ def test_connections_inside_a_transaction_are_refused(app: Scheduler) -> None:
 def test_values_are_sent_as_postgresqls_text_input() -> None:
     import enum
 
-    from scheduler._dispatch.pipeline import _text
+    from scheduler._store.pipeline import _text
 
     class Level(enum.IntEnum):
         HIGH = 3
@@ -270,7 +270,7 @@ def test_with_stop_on_none_nothing_is_sent_after_a_set_returned_no_row(app: Sche
     in flight finish, the others are never sent and come back as UNSENT."""
     from sqlalchemy import Integer, bindparam, literal_column
 
-    from scheduler._dispatch.pipeline import UNSENT
+    from scheduler._store.pipeline import UNSENT
 
     n = bindparam("p_n", type_=Integer)
     positive = Spread(select(n).where(n >= literal_column("0")), app.store.engine.dialect)

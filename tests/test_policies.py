@@ -349,7 +349,7 @@ def test_a_lost_race_logs_nothing(sched: Scheduler) -> None:
     sched.sync([spec("r")])
     with sched.store.begin() as conn:  # another process wrote the row after it was read
         conn.execute(update(rows).values(version=rows.c.version + 1))
-    from scheduler._tick import loop
+    from scheduler import _tick as loop
 
     original = loop.due
 

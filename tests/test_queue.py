@@ -27,11 +27,11 @@ from sqlalchemy.exc import IntegrityError
 
 from scheduler import LeaseLost, PayloadError, PermanentError, Scheduler, TaskSpec
 from scheduler._errors import JobStateError
-from scheduler._handlers import Registry
-from scheduler._runner import RunningJob
+from scheduler._model.handlers import Registry
 from scheduler._store import jobs as _jobs
 from scheduler._store.jobs import new_job_values
 from scheduler._store.tables import jobs, metadata, runs
+from scheduler._worker.runner import RunningJob
 
 T0 = datetime(2030, 1, 7, 12, 0, 0, 250_000, tzinfo=UTC)
 ROOT = Path(__file__).resolve().parent.parent

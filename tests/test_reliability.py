@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import select, update
 
 from scheduler import Scheduler, TaskSpec, signals
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store.tables import rows
 from scheduler.testing import ManualClock, capture_signals
 
@@ -35,7 +35,6 @@ import racing_schedulers  # noqa: E402
 import sqlite_contention  # noqa: E402
 
 ROW = "doomed"
-HAS_WORKER = (ROOT / "scheduler" / "_worker.py").exists()
 
 
 # -- alert durability --------------------------------------------------------------------------
@@ -75,7 +74,7 @@ DIE_IN_RECEIVER = textwrap.dedent(
     import os, sys
     from datetime import datetime
     from scheduler import Scheduler, signals
-    from scheduler._handlers import Registry
+    from scheduler._model.handlers import Registry
 
     def die(sender, **kw):
         sys.stdout.write("receiver reached: " + kw["alert_id"] + "\\n")
@@ -170,7 +169,6 @@ ALERT_SINK = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(not HAS_WORKER, reason="scheduler/_worker.py is not there yet")
 def test_the_worker_delivers_an_orphaned_alert_at_start_up(db_url_sp: str, tmp_path: Path) -> None:
     # In real time this time: the disable happened minutes ago, its process died.
     clock = one_failure_behind(db_url_sp, datetime.now(UTC) - timedelta(minutes=10))
@@ -219,7 +217,7 @@ def test_an_undelivered_alert_is_redelivered_with_the_same_id(db_url_sp: str) ->
         """
         import os, sys
         from scheduler import Scheduler, signals
-        from scheduler._handlers import Registry
+        from scheduler._model.handlers import Registry
 
         def die(sender, **kw):
             os._exit(1)

@@ -17,8 +17,8 @@ import pytest
 from sqlalchemy import event, insert, select
 
 from scheduler import ConfigError, PermanentError, Scheduler, TaskSpec, load_config, signals
-from scheduler._handlers import Registry
 from scheduler._model import cron as _cron
+from scheduler._model.handlers import Registry
 from scheduler._store.tables import metadata, rows
 from scheduler.testing import ManualClock, capture_signals, drive
 

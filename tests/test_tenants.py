@@ -19,9 +19,9 @@ from sqlalchemy import create_engine, func, select, text
 
 from scheduler import ConfigError, RunningJob, Scheduler, TaskSpec, current_job
 from scheduler._config import parse_config
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store.tables import jobs, rows
-from scheduler._worker import Worker
+from scheduler._worker.worker import Worker
 from scheduler.tenancy import SchemaPerTenant
 
 GOOD = ["a", "Z", "7", "acme", "Acme-EU_2", "9lives", "a" * 63]

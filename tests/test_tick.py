@@ -21,16 +21,16 @@ import pytest
 from sqlalchemy import event, func, select, update
 
 from scheduler import PermanentError, Scheduler, SchedulerError, TaskSpec, UnknownRow, signals
+from scheduler import _tick as tick_loop
 from scheduler import _tick as tick_module
-from scheduler._dispatch import Dispatcher, Work
-from scheduler._dispatch.portable import PortableDispatcher
-from scheduler._dispatch.postgres import PostgresDispatcher
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._model.rows import DueRow
 from scheduler._model.slots import next_slot
+from scheduler._store.due import due
 from scheduler._store.tables import jobs, rows
-from scheduler._tick import loop as tick_loop
-from scheduler._tick.due import due
+from scheduler._store.writers import Dispatcher, Work
+from scheduler._store.writers.portable import PortableDispatcher
+from scheduler._store.writers.postgres import PostgresDispatcher
 from scheduler.testing import ManualClock, capture_signals, drive
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -282,7 +282,7 @@ def test_rerun_history_keeps_retries_of_every_interval(sched: Scheduler) -> None
 READ_ROW = """
 import json, sys
 from scheduler import Scheduler
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 app = Scheduler(sys.argv[1], registry=Registry())
 row = app.get_row(sys.argv[2])
 print(json.dumps({"enabled": row.enabled, "reason": row.disabled_reason,

@@ -18,8 +18,8 @@ from typing import Any
 from sqlalchemy import func, select
 
 from scheduler import Scheduler, TaskSpec
-from scheduler._handlers import Registry
 from scheduler._model import slots as _slots
+from scheduler._model.handlers import Registry
 from scheduler._store.tables import decisions, jobs, rows
 from scheduler.testing import ManualClock
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from scheduler import Scheduler
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 
 # Shared by both processes: an in-memory exporter whose spans are written to $SPANS_OUT at exit.
 RECORDER = """
@@ -72,7 +72,7 @@ ENQUEUER = """
 import json, sys
 from trace_recorder import trace
 from scheduler import Scheduler
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 
 tracer = trace.get_tracer("web")
 app = Scheduler(sys.argv[1], registry=Registry())
@@ -161,8 +161,8 @@ def test_nothing_happens_when_opentelemetry_is_imported_but_not_configured(
     script = (
         "import opentelemetry.trace\n"
         "from scheduler import Scheduler\n"
-        "from scheduler._handlers import Registry\n"
-        "from scheduler._worker import Worker\n"
+        "from scheduler._model.handlers import Registry\n"
+        "from scheduler._worker.worker import Worker\n"
         f"app = Scheduler('sqlite:///{tmp_path / 's.db'}', registry=Registry())\n"
         "app.migrate()\n"
         "app.registry.handler('t.ok')(lambda job: None)\n"
@@ -179,8 +179,8 @@ TICKER = """
 import json, sys
 from trace_recorder import trace
 from scheduler import PermanentError, Scheduler, TaskSpec
-from scheduler._handlers import Registry
-from scheduler._worker import Worker
+from scheduler._model.handlers import Registry
+from scheduler._worker.worker import Worker
 
 registry = Registry()
 

@@ -25,12 +25,13 @@ import pytest
 from conftest import IN_CI, MYSQL_URL, PG_URL, make_url
 from sqlalchemy import func, select, text
 
-from scheduler import Scheduler, _wakeup
+from scheduler import Scheduler
 from scheduler._config import parse_config
 from scheduler._errors import ConfigError
-from scheduler._handlers import Registry
-from scheduler._store import health as _health
+from scheduler._model.handlers import Registry
+from scheduler._store import wakeup as _wakeup
 from scheduler._store.jobs import insert_job, new_job_values
+from scheduler._store.status import health as _health
 from scheduler._store.tables import jobs
 
 HERE = Path(__file__).resolve().parent

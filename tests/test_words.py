@@ -17,8 +17,8 @@ from test_cli_operators import Cli
 from test_dashboard_http import client
 
 from scheduler import ConfigError, PermanentError, Scheduler, TaskSpec
-from scheduler._handlers import Registry
-from scheduler._store.health import touch
+from scheduler._model.handlers import Registry
+from scheduler._store.status.health import touch
 from scheduler.testing import ManualClock
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)

@@ -21,9 +21,9 @@ from sqlalchemy.exc import OperationalError
 from test_cli import COMMAND, write_config
 
 from scheduler import Scheduler
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store.tables import workers
-from scheduler._worker import MAX_TICK_OFFSET, Worker, tick_offset, until_next_tick
+from scheduler._worker.worker import MAX_TICK_OFFSET, Worker, tick_offset, until_next_tick
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -170,16 +170,16 @@ def test_database_errors_are_retried_with_backoff(
         leases.append(app.get_job(job.id).lease_expires_at)  # type: ignore[union-attr,arg-type]
 
     calls = 0
-    real_tick = app._tick  # the worker's tick (it records its ticks with its presence)
+    real_tick = app.tick  # the worker's tick (it records its ticks with its presence)
 
-    def flaky_tick(now: datetime | None = None) -> Any:
+    def flaky_tick(now: datetime | None = None, *, record: bool = True) -> Any:
         nonlocal calls
         calls += 1
         if calls <= 2:
             raise OperationalError("SELECT 1", {}, Exception("server closed the connection"))
-        return real_tick(now)
+        return real_tick(now, record=record)
 
-    monkeypatch.setattr(app, "_tick", flaky_tick)
+    monkeypatch.setattr(app, "tick", flaky_tick)
     job = app.enqueue("t.watch", {})
     worker = Worker(app, concurrency=2)
     results: list[Any] = []

@@ -18,9 +18,9 @@ import pytest
 from sqlalchemy import func, select
 
 from scheduler import Scheduler
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
 from scheduler._store.tables import jobs
-from scheduler._worker import PREFETCH_FACTOR, SLOW_JOB_SECONDS, Worker
+from scheduler._worker.worker import PREFETCH_FACTOR, SLOW_JOB_SECONDS, Worker
 
 THREADS = 2
 

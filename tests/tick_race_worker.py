@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from scheduler import PermanentError, Scheduler, signals
-from scheduler._handlers import Registry
-from scheduler._tick import TickReport
+from scheduler._model.handlers import Registry
+from scheduler._model.report import TickReport
 from scheduler.testing import ManualClock
 
 BARRIER_TIMEOUT = 60.0

@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scheduler import Scheduler
-from scheduler import _worker as worker_module
-from scheduler._handlers import Registry
+from scheduler._model.handlers import Registry
+from scheduler._worker import worker as worker_module
 
 
 def main() -> None:

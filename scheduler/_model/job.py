@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -58,3 +59,8 @@ class Job:
             slot=m.get("slot"),
             tenant=m.get("tenant"),
         )
+
+
+RecordedHook = Callable[[list[tuple[Job, str]]], None]
+"""Told of each batch of committed outcomes: (the job as written, ``succeeded``, ``failed``,
+``aborted`` or ``abandoned``)."""

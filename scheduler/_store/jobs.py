@@ -33,14 +33,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.dml import Update
 from sqlalchemy.sql.elements import BindParameter
 
-from .. import _wakeup
 from .._errors import JobStateError, SchedulerError
 from .._model import rules as _limits
 from .._model.job import Job
-from .._model.rules import ABORTED, CLAIMED, QUEUED, STATES, SUCCEEDED
-from .._retry import retry
+from .._model.rules import ABORTED, CLAIMED, QUEUED, SUCCEEDED
 from . import bulk as _bulk
+from . import wakeup as _wakeup
 from .engine import Store, skip_locked
+from .retry import retry
 from .tables import decisions, jobs, rows, runs
 
 
@@ -587,6 +587,15 @@ def run_number() -> Any:
     return case((starts < 1, 1), else_=starts).label("run")
 
 
+def first_attempts(conn: Connection, job_id: int) -> int:
+    """How many runs of the job were a first attempt (each run of a rerun in place starts
+    its attempts again): the run number a log line names."""
+    found = conn.execute(
+        select(func.count()).select_from(runs).where(runs.c.job_id == job_id, runs.c.attempt == 1)
+    )
+    return int(found.scalar_one())
+
+
 def job_exists(conn: Connection, job_id: int) -> bool:
     return conn.execute(select(jobs.c.id).where(jobs.c.id == job_id)).first() is not None
 
@@ -645,12 +654,6 @@ def list_statement(
 def list_jobs(conn: Connection, **filters: Any) -> list[Job]:
     """The jobs :func:`list_statement` selects."""
     return [Job.from_row(r) for r in conn.execute(list_statement(**filters))]
-
-
-def counts(conn: Connection) -> dict[str, int]:
-    stmt = select(jobs.c.state, func.count()).group_by(jobs.c.state)
-    found: dict[str, int] = {state: n for state, n in conn.execute(stmt)}
-    return {state: int(found.get(state, 0)) for state in STATES}
 
 
 def purge_statement(succeeded_before: datetime, aborted_before: datetime) -> Select[Any]:

@@ -19,9 +19,9 @@ from typing import Any
 
 from .._config import DASHBOARD_PASSWORD_ENV, DashboardSettings
 from .._errors import ConfigError
-from .._passwords import check_hash_format as check_hash_format  # re-exported
-from .._passwords import hash_password as hash_password  # re-exported
-from .._passwords import verify_password as verify_password  # re-exported, also used
+from .._model.passwords import check_hash_format as check_hash_format  # re-exported
+from .._model.passwords import hash_password as hash_password  # re-exported
+from .._model.passwords import verify_password as verify_password  # re-exported, also used
 
 
 def _url64(data: bytes) -> str:

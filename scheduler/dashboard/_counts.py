@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from .._store import health as _health
+from .._store.status import counts as _counts
 
 if TYPE_CHECKING:
     from .._app import Scheduler
@@ -88,7 +88,7 @@ class FinishedCounts:
         at, start = self.app.clock(), self._clock()
         try:
             with self.app.store.read() as conn:
-                counts = _health.finished_counts(conn)
+                counts = _counts.finished_counts(conn)
         except Exception as exc:  # logged; the last counts are shown meanwhile
             log.warning(
                 "dashboard: cannot count the finished jobs: %s",

@@ -11,7 +11,7 @@ from starlette.routing import Route
 
 from .._model.rules import STATES
 from .._store.jobs import get_job, history
-from . import _queries
+from .._store.status import dashboard as _queries
 from ._state import Dashboard, page
 
 

@@ -9,7 +9,8 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from . import _queries, _views
+from .._store.status import dashboard as _queries
+from . import _views
 from ._state import Dashboard, page, root_path
 
 

@@ -18,7 +18,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from .._config import DashboardSettings
 from .._errors import ConfigError
 from .._model.rules import STATES
-from .._store import health as _health
+from .._store.status import health as _health
 from ._auth import Signer, credentials
 from ._counts import FinishedCounts
 from ._render import _ago, _environment, _pill, _strip, _when

@@ -1,6 +1,6 @@
 """What each page shows, built from the app's reads; no HTTP here.
 
-The Task page shows what ``explain`` returns (scheduler/_explain.py): the state sentence, the
+The Task page shows what ``explain`` returns (scheduler/_ops/explain.py): the state sentence, the
 decisions and the policies, read in explain's three statements; the next fires are drawn here
 (the :class:`Fire` the template marks).
 """
@@ -35,12 +35,13 @@ def _fires(row: TaskRow, now: datetime) -> list[_slots.Fire]:
 
 
 def task_page(app: Scheduler, name: str, now: datetime) -> dict[str, Any] | None:
-    """Three statements (``_explain.read``): the row with its last job, its decisions, its
-    last runs; the sentence, the fires and the policies are ``explain``'s."""
-    from .. import _explain
+    """Three statements (``scheduler/_store/status/explain.py``): the row with its last job,
+    its decisions, its last runs; the sentence, the fires and the policies are ``explain``'s."""
+    from .._ops import explain as _explain
+    from .._store.status.explain import read
 
     with app.store.read() as conn:
-        found = _explain.read(conn, name, runs=20)
+        found = read(conn, name, runs=20)
     if found is None:
         return None
     row, job, task_runs = found.row, found.job, found.runs

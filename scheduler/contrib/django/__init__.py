@@ -43,10 +43,10 @@ from sqlalchemy import URL, Engine, create_engine
 from sqlalchemy.pool import NullPool
 
 from ..._app import Scheduler
-from ..._caller import CallerTransaction, adopt
 from ..._config import AppConfig, load_config, parse_config
 from ..._errors import SchedulerError
-from ..._wakeup import detach as _detach_wakeup
+from ..._store.caller import CallerTransaction, adopt
+from ..._store.wakeup import detach as _detach_wakeup
 from . import _sqlite
 
 __all__ = ["DjangoScheduler", "get_scheduler"]

@@ -1,0 +1,489 @@
+"""Health: rows, job counts and the warnings of ``scheduler status`` (docs/runbook.md).
+
+:func:`status` reads in one transaction: the rows with their last job's state and error code
+(for its row list), one statement of index-answered counts over the jobs and the latest
+finished attempt, the rows that warn (:mod:`.warned`, one statement), the workers; ``now``
+is the caller's. :func:`overview` is the dashboard's read of the same: no row list,
+the first rows of each kind named and the others counted, the live states' counts only (the
+finished states' are :func:`finished_counts`), three statements whatever the table sizes.
+Both take the store, the instant and :class:`HealthSettings`, never the Scheduler; the
+warnings are the functions in :data:`WARNINGS`.
+Workers record that they are alive with :func:`touch` (``scheduler_workers``), and every tick
+outside a running worker is kept with :func:`record_tick`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import case, delete, insert, select, update
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from ..._model.rows import TaskRow
+from ..._model.rules import ABORTED, STATES
+from ..._model.time import in_zone, iso
+from .. import jobs as _jobs
+from .. import rows as _rows
+from .. import wakeup as _wakeup
+from ..engine import Store
+from ..tables import workers
+from . import counts as _counts
+from . import horizon as _horizon
+from . import warned as _warned
+from .counts import LIVE
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """How long before something counts as unhealthy, in seconds."""
+
+    job_overdue: float = 300.0  # a ready job not claimed for this long
+    row_overdue: float = 300.0  # an enabled row due this long ago and not dispatched
+    row_held_back: float = 3600.0  # a row waiting this long on its in-flight job
+    stalled: float = 600.0  # jobs waiting this long and nothing finished meanwhile
+    tick: float = 120.0  # no scheduler tick for this long
+    worker_gone: float = 30.0  # a worker not seen for this long is not running (kill -9)
+    clock_offset: float = 2.0  # a host's clock this far off the database's (CLOCK_WARN_SECONDS)
+    horizon: float = 300.0  # a transaction holding the MVCC horizon this long (horizon.py)
+
+
+CLOCK_WARN_SECONDS = Thresholds.clock_offset
+"""``status`` warns about a host whose clock is more than this off the database's."""
+
+
+# -- presence: each worker keeps a row in scheduler_workers --------------------------------
+REGISTER_ATTEMPTS = 5  # a lost race to register an id is retried as an update
+
+
+def touch(
+    store: Store,
+    worker_id: str,
+    now: datetime,
+    last_tick_at: datetime | None,
+    *,
+    keep_latest: bool = False,
+    clock_offset: float | None = None,
+) -> None:
+    """Record that ``worker_id`` is alive (and when it last ticked, and how far its host's
+    clock is from the database's, when measured); registers it if needed.
+
+    Two processes may register one id at once (``scheduler tick`` runs share their host's id):
+    the one that loses (a duplicate key on PostgreSQL, a deadlock on MariaDB) updates the row
+    the other inserted. ``keep_latest``: an older ``last_tick_at`` than the one on record (from
+    another process of the host) leaves it.
+    """
+    values: dict[str, Any] = {"last_seen_at": now, "last_tick_at": last_tick_at}
+    if clock_offset is not None:
+        values["clock_offset"] = clock_offset
+    changes: dict[str, Any] = dict(values)
+    if keep_latest and last_tick_at is not None:
+        on_record = workers.c.last_tick_at
+        newer = on_record.is_(None) | (on_record < last_tick_at)
+        changes["last_tick_at"] = case((newer, last_tick_at), else_=on_record)
+    for attempt in range(1, REGISTER_ATTEMPTS + 1):
+        registering = False
+        try:
+            with store.begin() as conn:
+                found = conn.execute(
+                    update(workers).where(workers.c.id == worker_id).values(**changes)
+                )
+                if found.rowcount == 0:  # first call, or forgotten meanwhile: register
+                    registering = True
+                    conn.execute(
+                        insert(workers).values(
+                            id=worker_id,
+                            hostname=socket.gethostname(),
+                            pid=os.getpid(),
+                            started_at=now,
+                            **values,
+                        )
+                    )
+            return
+        except (IntegrityError, OperationalError):
+            if not registering or attempt == REGISTER_ATTEMPTS:
+                raise
+
+
+TICK_SUFFIX = ":tick"
+
+
+def tick_record_id() -> str:
+    """The id the host's ticks are kept on record under, one row per host: those of
+    ``scheduler tick``, of ``app.tick()`` in any process, and the last tick of a worker that
+    stopped. Not a worker: :func:`status` counts only the workers' own rows."""
+    return f"{socket.gethostname()}{TICK_SUFFIX}"
+
+
+def record_tick(
+    store: Store, now: datetime, ticked_at: datetime, *, clock_offset: float | None = None
+) -> None:
+    """Keep a tick on record under :func:`tick_record_id` (the latest of the host's wins), so
+    that ``status`` sees ticks run from the Python API, cron(8) or a timer, and the last
+    tick of a worker after it stopped."""
+    touch(store, tick_record_id(), now, ticked_at, keep_latest=True, clock_offset=clock_offset)
+
+
+def forget(
+    store: Store, worker_id: str | None = None, *, seen_before: datetime | None = None
+) -> None:
+    """Delete one worker's row, or every row not seen since ``seen_before``."""
+    condition = (
+        (workers.c.id == worker_id)
+        if worker_id is not None
+        else (workers.c.last_seen_at < seen_before)
+    )
+    with store.begin() as conn:
+        conn.execute(delete(workers).where(condition))
+
+
+def _row(row: TaskRow, backfilled: str | None = None) -> dict[str, Any]:
+    """A row of ``status``; ``backfilled``: the state of its newest job when it has no job of
+    its own (only backfilled ones), shown as its ``last_job_state`` with ``last_job_id`` None."""
+    # A disabled row's next_run_at is stale (enable computes a new one): it has no next run.
+    next_run = row.next_run_at if row.enabled else None
+    local = in_zone(next_run, ZoneInfo(row.timezone)) if next_run else None
+    failing = row.enabled and row.last_job_state == ABORTED
+    return {
+        "name": row.name,
+        "enabled": row.enabled,
+        "next_run_at": iso(next_run),
+        "last_job_state": row.last_job_state or backfilled,
+        "consecutive_failures": row.consecutive_failures,
+        "disabled_reason": row.disabled_reason,
+        # extra keys
+        "disabled_note": row.disabled_note,
+        "timezone": row.timezone,
+        "next_run_local": local.isoformat() if local else None,
+        "cron": row.cron,
+        "handler": row.handler,
+        "last_job_id": row.last_job_id,
+        "disabled_at": iso(row.disabled_at),
+        "overlap": row.overlap,  # the run policies (docs/reference/toml.md)
+        "catchup_window": row.catchup_window,
+        "jitter": row.jitter,
+        # The last run aborted; consecutive_failures counts it at the next
+        # slot (docs/explanation/tick.md).
+        "failing": failing,
+        "last_error_code": row.last_error_code if row.last_job_state == ABORTED else None,
+    }
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """What health needs of the application's settings (``Scheduler.health_settings()``)."""
+
+    max_consecutive_failures: int = 5  # [scheduler]'s, for rows without their own limit
+    clock_mode: str = "database"  # [scheduler] clock: whose clock decides ("database", "local")
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    broker_url: str | None = None  # [broker] url: status pings it (wake-ups)
+    wakeups: bool = True  # [scheduler] wakeups
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything one health read found, which the warnings are made from."""
+
+    now: datetime
+    settings: HealthSettings
+    waiting: int
+    overdue: int
+    stopped: int
+    stalled: bool
+    warned: _warned.WarnedRows
+    any_enabled: bool
+    last_tick: datetime | None
+    running: list[Any]  # the workers' own rows seen lately (scheduler_workers rows)
+    seen: list[Any]  # every row of scheduler_workers, the hosts' tick records included
+
+    @property
+    def limits(self) -> Thresholds:
+        return self.settings.thresholds
+
+    def older(self, value: datetime | None, seconds: float) -> bool:
+        return value is not None and value <= self.now - timedelta(seconds=seconds)
+
+    def more(self, kind: str) -> str:
+        return f" and {self.warned.more(kind)} more" if self.warned.more(kind) else ""
+
+
+# -- the warnings: each a function of the Facts, in the order status prints them ---------------
+def _jobs_overdue(f: Facts) -> list[str]:
+    if not f.overdue:
+        return []
+    return [
+        f"{f.overdue} job(s) ready for more than {f.limits.job_overdue:g}s and not "
+        "claimed: is a worker running with concurrency > 0 on their queue?"
+    ]
+
+
+def _jobs_stopped(f: Facts) -> list[str]:
+    if not f.stopped:
+        return []
+    return [
+        f"{f.stopped} claimed job(s) have an expired lease (their worker stopped);"
+        " a worker will take them over"
+    ]
+
+
+def _stalled(f: Facts) -> list[str]:
+    if not f.stalled:
+        return []
+    return [
+        f"work has stalled: {f.waiting} job(s) waiting and nothing finished for "
+        f"more than {f.limits.stalled:g}s"
+    ]
+
+
+def _rows_overdue(f: Facts) -> list[str]:
+    if not f.warned.total["overdue"]:
+        return []
+    return [
+        f"task(s) overdue by more than {f.limits.row_overdue:g}s (is a scheduler "
+        f"ticking?): {', '.join(f.warned.names('overdue'))}{f.more('overdue')}"
+    ]
+
+
+def _rows_held_back(f: Facts) -> list[str]:
+    if not f.warned.total["held_back"]:
+        return []
+    return [
+        f"task(s) held back for more than {f.limits.row_held_back:g}s by a job still"
+        f" in flight: {', '.join(f.warned.names('held_back'))}{f.more('held_back')}"
+    ]
+
+
+def _rows_failing(f: Facts) -> list[str]:
+    found = []
+    for r in f.warned.found["failing"]:
+        limit_of = (
+            r.max_consecutive_failures
+            if r.max_consecutive_failures is not None
+            else f.settings.max_consecutive_failures
+        )
+        counted = r.consecutive_failures + 1
+        left = f"{counted} of {limit_of} before the task is disabled" if limit_of else "no limit"
+        found.append(
+            f"task {r.name!r}: its last run aborted ({r.last_error_code});"
+            " the failure is counted at its next slot, which reruns the job in place"
+            f" ({left})"
+        )
+    if f.warned.more("failing"):
+        found.append(f"and {f.warned.more('failing')} more task(s) whose last run aborted")
+    return found
+
+
+def _rows_disabled_by_failures(f: Facts) -> list[str]:
+    found = [
+        f"task {r.name!r} disabled ({r.disabled_reason}) after "
+        f"{r.consecutive_failures} consecutive failures: fix it, then "
+        f"`scheduler enable {r.name}`"
+        for r in f.warned.found["disabled_by_failures"]
+    ]
+    if f.warned.more("disabled_by_failures"):
+        found.append(
+            f"and {f.warned.more('disabled_by_failures')} more task(s) disabled after"
+            " consecutive failures"
+        )
+    return found
+
+
+def _no_tick(f: Facts) -> list[str]:
+    # Any process that ticks counts (a worker, `scheduler tick`, app.tick()): a recent tick is
+    # all that matters here.
+    if not f.any_enabled or not (f.last_tick is None or f.older(f.last_tick, f.limits.tick)):
+        return []
+    since = f"since {iso(f.last_tick)}" if f.last_tick else "yet"
+    if f.running:
+        return [f"no scheduler tick {since}: are the workers stuck?"]
+    if f.last_tick is None:
+        return ["no worker is running: start `scheduler worker`"]
+    return [f"no scheduler tick {since} and no worker is running: start `scheduler worker`"]
+
+
+def _clocks(f: Facts) -> list[str]:
+    """One warning per host whose clock, as its processes seen lately measured it, is more
+    than ``thresholds.clock_offset`` off the database's (the latest measurement of the host)."""
+    latest: dict[str, Any] = {}
+    for w in f.seen:
+        if w.clock_offset is None or f.older(w.last_seen_at, f.limits.worker_gone):
+            continue
+        if w.hostname not in latest or latest[w.hostname].last_seen_at < w.last_seen_at:
+            latest[w.hostname] = w
+    if f.settings.clock_mode == "database":
+        meanwhile = (
+            'with clock = "database" the scheduler decides on the database\'s clock meanwhile'
+        )
+    else:
+        meanwhile = (
+            f'with clock = "{f.settings.clock_mode}" its processes decide on its own clock:'
+            " its tasks fire early or late until it is fixed"
+        )
+    found = []
+    for host, w in sorted(latest.items()):
+        off = -float(w.clock_offset)  # the host's clock minus the database's
+        if abs(off) > f.limits.clock_offset:
+            way = "ahead of" if off > 0 else "behind"
+            found.append(
+                f"host {host}'s clock is {abs(off):.1f}s {way} the database's"
+                f" (more than {f.limits.clock_offset:g}s; measured by {w.id}): fix its time"
+                f" sync (NTP); {meanwhile}"
+            )
+    return found
+
+
+WARNINGS: list[Callable[[Facts], list[str]]] = [
+    _jobs_overdue,
+    _jobs_stopped,
+    _stalled,
+    _rows_overdue,
+    _rows_held_back,
+    _rows_failing,
+    _rows_disabled_by_failures,
+    _no_tick,
+    _clocks,
+]
+"""The warnings ``status`` prints, in order. To add one: a function of :class:`Facts` that
+returns its lines (none when all is well), appended here; what it needs that :func:`_read` does
+not read yet becomes a field of :class:`Facts`, read in :func:`_read`'s transaction."""
+
+
+def _read(
+    store: Store,
+    now: datetime,
+    settings: HealthSettings,
+    *,
+    rows: bool,
+    limit: int | None,
+    finished: bool,
+) -> tuple[dict[str, Any], _warned.WarnedRows]:
+    """``status``'s object and the rows that warn, read in one transaction: the row list (only
+    with ``rows``), the job aggregates, the rows that warn (:mod:`.warned`), the workers."""
+    limits = settings.thresholds
+    with store.read() as conn:
+        task_rows = _rows.all_rows(conn, payloads=False) if rows else []
+        # A task whose only jobs are backfilled ones shows its newest (rarely any task).
+        backfilled = _jobs.latest_states(conn, [r.name for r in task_rows if r.last_job_id is None])
+        agg = _counts.health_figures(conn, now, limits.job_overdue, finished=finished)
+        warned = _warned.read(conn, now, limits, limit=limit)
+        seen = list(conn.execute(select(workers).order_by(workers.c.started_at)))
+    counts = {state: int(agg._mapping[state]) for state in (STATES if finished else LIVE)}
+    waiting, overdue, stopped = int(agg.waiting), int(agg.overdue), int(agg.stopped)
+    oldest_ready, last_finished = agg.oldest_ready, agg.last_finished
+    stall_at = now - timedelta(seconds=limits.stalled)
+    stalled = bool(
+        oldest_ready is not None
+        and oldest_ready <= stall_at
+        and (last_finished is None or last_finished <= stall_at)
+    )
+    ticks = [w.last_tick_at for w in seen if w.last_tick_at is not None]
+    facts = Facts(
+        now=now,
+        settings=settings,
+        waiting=waiting,
+        overdue=overdue,
+        stopped=stopped,
+        stalled=stalled,
+        warned=warned,
+        any_enabled=agg.any_enabled is not None,
+        last_tick=max(ticks) if ticks else None,
+        running=[],
+        seen=seen,
+    )
+    facts.running.extend(  # workers' own rows, seen lately: not the hosts' tick records
+        w
+        for w in seen
+        if not w.id.endswith(TICK_SUFFIX) and not facts.older(w.last_seen_at, limits.worker_gone)
+    )
+    warnings = [line for warning in WARNINGS for line in warning(facts)]
+    warnings.extend(
+        _wakeup.status_warnings(
+            store.engine.dialect.name, store.database, settings.broker_url, settings.wakeups
+        )
+    )
+    data = {
+        "rows": [_row(r, backfilled.get(r.name)) for r in task_rows],
+        "jobs": counts,
+        "health": {
+            "waiting": waiting,
+            "stopped": stopped,
+            "overdue": overdue,
+            "stalled": stalled,
+            "warnings": warnings,
+            # extra keys
+            "now": iso(now),
+            "rows_overdue": warned.names("overdue"),
+            "rows_held_back": warned.names("held_back"),
+            "rows_disabled": warned.names("disabled"),
+            "last_tick_at": iso(facts.last_tick),
+            "last_finished_at": iso(last_finished),
+            "workers": [
+                {
+                    "id": w.id,
+                    "hostname": w.hostname,
+                    "pid": w.pid,
+                    "started_at": iso(w.started_at),
+                    "last_seen_at": iso(w.last_seen_at),
+                    "last_tick_at": iso(w.last_tick_at),
+                    "clock_offset": w.clock_offset,
+                }
+                for w in facts.running
+            ],
+        },
+    }
+    return data, warned
+
+
+def status(
+    store: Store,
+    now: datetime,
+    settings: HealthSettings | None = None,
+    *,
+    rows: bool = True,
+) -> dict[str, Any]:
+    """The object ``scheduler status --json`` prints, every count exact and every name listed
+    (``Scheduler.status()`` checks the schema first). Without ``rows`` its ``rows`` list is
+    empty."""
+    settings = settings or HealthSettings()
+    data = _read(store, now, settings, rows=rows, limit=None, finished=True)[0]
+    data["health"]["warnings"].extend(_horizon_warnings(store, settings.thresholds))
+    return data
+
+
+def _horizon_warnings(store: Store, limits: Thresholds) -> list[str]:
+    """PostgreSQL: a transaction holding the MVCC horizon too long (horizon.py); one more
+    read, apart from the others (it reads the server's activity, not the scheduler's
+    tables)."""
+    if store.caps.dialect != "postgresql":
+        return []
+    with store.read() as conn:
+        return _horizon.warnings(_horizon.holders(conn), limits.horizon)
+
+
+WARNED_LIMIT = 20
+"""Rows of each kind the dashboard names (:func:`overview`); the others are counted."""
+
+
+def overview(
+    store: Store,
+    now: datetime,
+    settings: HealthSettings | None = None,
+    *,
+    limit: int = WARNED_LIMIT,
+) -> dict[str, Any]:
+    """The dashboard's Workers & health read, three statements whatever the table sizes:
+    :func:`status` without the row list, with the counts of the live states only (the
+    finished ones are :func:`finished_counts`, which walks an index entry per finished job),
+    and with the first ``limit`` rows of each kind named in its warnings and ``rows_*`` lists
+    ("and N more"); ``rows_counted`` has each kind's total (:data:`.warned.KINDS`)."""
+    data, warned = _read(
+        store, now, settings or HealthSettings(), rows=False, limit=limit, finished=False
+    )
+    del data["rows"]
+    data["rows_counted"] = dict(warned.total)
+    return data

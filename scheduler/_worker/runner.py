@@ -1,0 +1,745 @@
+"""Running jobs: take over stopped work first, claim, call the handler, record the outcome.
+
+A handler may be ``async def``: :meth:`Runner.execute_async` awaits it (the worker on its event
+loop, ``app.work()`` on the Scheduler's own loop). Either way the job being run is
+:func:`current_job` (a context variable: each thread and each asyncio task sees its own), and
+a job with a tenant runs inside the registry's tenant context (``@app.tenant_context``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Coroutine
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from .. import signals
+from .._errors import LeaseLost, PermanentError
+from .._model.backoff import Backoff, delay_after
+from .._model.handlers import Handler, Registry, error_code, is_async_callable
+from .._model.job import Job, RecordedHook
+from .._model.rules import ABORTED, QUEUED, SUCCEEDED
+from .._store import Connection, Store
+from .._store import jobs as _jobs
+from .._store import wakeup as _wakeup
+from .._store.cursor import ClaimCursor
+from .._store.retry import is_transient, retry
+
+log = logging.getLogger(__name__)
+
+RECORD_WITHIN = 0.5  # seconds a finished attempt may wait to be written with others
+# While the database is away, recording outcomes is tried again after 0.2 s, doubling to 5 s.
+RECORD_RETRY_FIRST, RECORD_RETRY_CAP = 0.2, 5.0
+
+#: Stable codes of the outcomes the runner decides itself.
+TENANT_CONTEXT_FAILED = "tenant_context_failed"  # the tenant's context did not enter
+RETURNED_AWAITABLE = "handler_returned_awaitable"  # a sync handler returned a coroutine
+WORKER_STOPPED = "worker_stopped"  # an async run cancelled at shutdown, after the grace
+
+CoroutineRunner = Callable[[Coroutine[Any, Any, Any]], Any]
+
+_CURRENT: ContextVar[RunningJob | None] = ContextVar("scheduler_current_job", default=None)
+
+
+def current_job() -> RunningJob | None:
+    """The job whose handler is running here, or None outside a run.
+
+    A context variable, never a thread-local: every worker thread and every asyncio task (an
+    ``async def`` handler, and the tasks it creates, which copy its context) sees its own job.
+    """
+    return _CURRENT.get()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one attempt ended, before it is written."""
+
+    job: Job
+    started: datetime
+    state: str  # succeeded, aborted, or queued (a retry at retry_at)
+    code: str | None
+    retry_at: datetime | None = None
+    run_code: str | None = None  # the code for the run history, when it differs
+    abandoned: bool = False
+
+    @property
+    def result(self) -> str:
+        """How the attempt ended, as the run history, the metrics and the traces name it:
+        ``succeeded``, ``failed`` (a retry follows), ``aborted`` or ``abandoned``."""
+        if self.abandoned:
+            return "abandoned"
+        return "failed" if self.state == QUEUED else self.state
+
+    def finish_args(self) -> _jobs.Finish:
+        return _jobs.Finish(
+            job=self.job,
+            state=self.state,
+            code=self.code,
+            run_code=self.run_code,
+            outcome=self.result,
+            retry_at=self.retry_at,
+            started_at=self.started,
+        )
+
+
+class RunningJob:
+    """What a handler receives: the job's ``id``, ``handler``, ``payload``, ``attempt`` (from
+    1), ``max_attempts``, ``task_name``, ``queue``, ``tenant`` and ``slot`` (the nominal cron
+    instant, aware UTC, of a task's job, a backfilled one included; ``None`` for an enqueued
+    job), and :meth:`heartbeat`."""
+
+    def __init__(self, job: Job, runner: Runner) -> None:
+        self.id: int = job.id
+        self.handler: str = job.handler
+        self.payload: dict[str, Any] = job.payload
+        self.attempt: int = job.attempts
+        self.max_attempts: int = job.max_attempts
+        self.task_name: str | None = job.task_name
+        self.queue: str = job.queue
+        self.tenant: str | None = job.tenant
+        self.slot: datetime | None = job.slot
+        self._runner = runner
+
+    def heartbeat(self) -> None:
+        """Extend this job's lease; raises :class:`LeaseLost` if it was already lost."""
+        if not self._runner.extend([self.id]):
+            raise LeaseLost()
+
+    async def heartbeat_async(self) -> None:
+        """:meth:`heartbeat` for ``async def`` handlers: the write runs in a thread."""
+        await asyncio.to_thread(self.heartbeat)
+
+    def __repr__(self) -> str:
+        return f"<job {self.id} {self.handler} attempt {self.attempt}/{self.max_attempts}>"
+
+
+class Runner:
+    """Executes jobs for one lease owner."""
+
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        *,
+        owner: str,
+        clock: Callable[[], datetime],
+        lease: timedelta,
+        backoff_base: timedelta,
+        backoff_max: timedelta,
+        queues: tuple[str, ...] = ("default",),
+        coroutine_runner: CoroutineRunner | None = None,
+        recorded: list[RecordedHook] | None = None,
+    ) -> None:
+        self.store = store
+        #: Called after each commit of outcomes with the (job, outcome) pairs it wrote (the
+        #: metrics' outcome counter: one call per batch, not a signal receiver per job). The
+        #: app's list, shared: a hook added later is seen.
+        self.recorded: list[RecordedHook] = [] if recorded is None else recorded
+        #: Runs a coroutine to its end from sync code (an async ``abandoned`` hook met by a
+        #: sync path, an async handler met by ``work()``): the worker's loop, or the app's.
+        self.coroutine_runner = coroutine_runner
+        self.registry = registry
+        self.owner = owner
+        self.clock = clock
+        self.lease = lease
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.queues = queues
+        self.cursor = ClaimCursor(enabled=store.caps.dialect == "postgresql" and len(queues) == 1)
+
+    # -- acquiring work ---------------------------------------------------------------
+    def take_over(self, limit: int = 10) -> list[Job]:
+        """Deal with expired leases; return the jobs this runner should now run again."""
+        if not self.cursor.expired_due():  # slow scans: once a second (_store/cursor.py)
+            return []
+        now = self.clock()
+        with self.store.read() as conn:
+            stale = _jobs.expired(conn, now=now, limit=limit, queues=self.queues)
+        rerun: list[Job] = []
+        for job in stale:
+            handler = self.registry.get(job.handler)
+            if handler is not None and not handler.retry_safe:
+                won = self._seize(job, "abandoning", self._take_over(job, now, rerun=False))
+                if won:
+                    taken = dataclasses.replace(job, lease_owner=self.owner)
+                    self.record([self.abandon(taken, handler, "lease_expired", now)])
+            elif job.attempts >= job.max_attempts:
+                if self._seize(
+                    job, "aborting", functools.partial(_jobs.abort_expired, job=job, now=now)
+                ):
+                    log.warning(
+                        "job %s: lease expired on its last attempt",
+                        job.id,
+                        extra={"action": "job_lease_expired", "job_id": job.id},
+                    )
+                    self._signal_aborted(job, "lease_expired")
+            elif self._seize(job, "taking over", self._take_over(job, now, rerun=True)):
+                log.info(
+                    "job %s: taken over from stopped worker %s",
+                    job.id,
+                    job.lease_owner,
+                    extra={"action": "job_taken_over", "job_id": job.id},
+                )
+                rerun.append(
+                    dataclasses.replace(
+                        job,
+                        attempts=job.attempts + 1,
+                        lease_owner=self.owner,
+                        lease_expires_at=now + self.lease,
+                    )
+                )
+        return rerun
+
+    def _take_over(self, job: Job, now: datetime, *, rerun: bool) -> Callable[[Connection], bool]:
+        return lambda conn: _jobs.take_over(
+            conn, job, owner=self.owner, now=now, lease=self.lease, rerun=rerun
+        )
+
+    def _seize(self, job: Job, doing: str, write: Callable[[Connection], bool]) -> bool:
+        """One takeover transaction (conditional on the owner and expiry seen); a deadlock that
+        outlasts the retries is a takeover lost to whoever held the lock."""
+
+        def attempt() -> bool:
+            with self.store.begin() as conn:
+                return write(conn)
+
+        return retry(f"{doing} expired job {job.id}", attempt, lost=lambda: False)
+
+    def claim(
+        self, limit: int = 1, *, handlers: Collection[str] = (), exclude: bool = False
+    ) -> list[Job]:
+        """Claim up to ``limit`` ready jobs (with ``handlers``: only theirs, or with
+        ``exclude`` only others'). A claim that deadlocked is run again; one that still does
+        claims nothing this time (the transaction was rolled back whole)."""
+        now = self.clock()
+
+        def attempt(after: _jobs.ClaimKey | None) -> list[Job]:
+            with self.store.begin() as conn:
+                return _jobs.claim(
+                    self.store,
+                    conn,
+                    owner=self.owner,
+                    now=now,
+                    lease=self.lease,
+                    limit=limit,
+                    queues=self.queues,
+                    handlers=handlers,
+                    exclude=exclude,
+                    after=after,
+                )
+
+        # From where the last claim left off while claims from the front are slow (a held
+        # MVCC horizon: _store/cursor.py).
+        return self.cursor.claim(
+            handlers, exclude, lambda after: retry("claim", lambda: attempt(after), lost=list)
+        )
+
+    def extend(self, job_ids: list[int]) -> int:
+        """Renew the leases this runner holds on ``job_ids``; returns how many it still holds."""
+
+        def attempt() -> int:
+            with self.store.begin() as conn:
+                return _jobs.heartbeat(
+                    conn, job_ids, owner=self.owner, now=self.clock(), lease=self.lease
+                )
+
+        return retry("extending leases", attempt)
+
+    def holding(self, job_ids: list[int]) -> set[int]:
+        """Which of ``job_ids`` this runner holds the lease of now (a read)."""
+
+        def attempt() -> set[int]:
+            with self.store.begin() as conn:
+                return _jobs.holding(conn, job_ids, owner=self.owner, now=self.clock())
+
+        return retry("reading leases", attempt)
+
+    # -- running ----------------------------------------------------------------------
+    def run(self, job: Job) -> str:
+        """Run one claimed job to an outcome and record it; returns the outcome."""
+        return self.record([self.execute(job)])[0]
+
+    def _which_run(self, job: Job) -> str:
+        """``(handler)``, or for a task's job (rerun in place, attempts reset each run)
+        ``(handler, task NAME) run N,``: N from the run history, read on failures only."""
+        if job.task_name is None:
+            return f"({job.handler})"
+        try:
+            with self.store.read() as conn:
+                earlier = _jobs.first_attempts(conn, job.id)
+        except Exception:  # a log line is not worth failing the job's outcome for
+            return f"({job.handler}, task {job.task_name})"
+        run = earlier + (1 if job.attempts <= 1 else 0)  # a retry: its attempt 1 is recorded
+        return f"({job.handler}, task {job.task_name}) run {run},"
+
+    def _no_handler(self, job: Job, started: datetime) -> Outcome:
+        log.error(
+            "job %s: no handler registered for %r",
+            job.id,
+            job.handler,
+            extra={"action": "job_no_handler", "job_id": job.id},
+        )
+        return Outcome(job, started, ABORTED, "no_handler")
+
+    def run_coroutine(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` to its end from sync code (see ``coroutine_runner``)."""
+        if self.coroutine_runner is None:
+            return asyncio.run(coro)
+        return self.coroutine_runner(coro)
+
+    def execute(self, job: Job) -> Outcome:
+        """Call the handler and decide what its attempt means; writes nothing.
+
+        An ``async def`` handler is run to its end with :meth:`run_coroutine`."""
+        handler = self.registry.get(job.handler)
+        started = self.clock()
+        if handler is None:
+            return self._no_handler(job, started)
+        if handler.is_async:
+            outcome: Outcome = self.run_coroutine(self.execute_async(job))
+            return outcome
+        running = RunningJob(job, self)
+        token = _CURRENT.set(running)
+        try:
+            with contextlib.ExitStack() as stack:
+                problem = self._enter_tenant(stack, job)
+                if problem is not None:
+                    return self._context_failed(job, problem, started)
+                result = handler.func(running)
+                if inspect.isawaitable(result):
+                    return self._returned_awaitable(job, result, started)
+        except PermanentError as exc:
+            return self._permanent(job, exc, started)
+        except Exception as exc:
+            return self._failed(job, handler, exc, started)
+        finally:
+            _CURRENT.reset(token)
+        return Outcome(job, started, SUCCEEDED, None)
+
+    async def execute_async(self, job: Job) -> Outcome:
+        """:meth:`execute` on the running event loop: an ``async def`` handler is awaited (a
+        sync one runs in a thread). Cancelled while it runs (the worker's shutdown, after the
+        grace), the attempt ends as a stopped worker's does: see :meth:`_stopped`."""
+        handler = self.registry.get(job.handler)
+        started = self.clock()
+        if handler is None:
+            return self._no_handler(job, started)
+        if not handler.is_async:
+            outcome: Outcome = await asyncio.to_thread(self.execute, job)
+            return outcome
+        running = RunningJob(job, self)
+        token = _CURRENT.set(running)
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                problem = await self._enter_tenant_async(stack, job)
+                if problem is not None:
+                    return self._context_failed(job, problem, started)
+                result = await handler.func(running)
+                if inspect.isawaitable(result):
+                    return self._returned_awaitable(job, result, started)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or not task.cancelling():
+                return await self._failed_async(job, handler, asyncio.CancelledError(), started)
+            task.uncancel()  # ours to finish: record what the cancellation means
+            return await self._stopped(job, handler, started)
+        except PermanentError as exc:
+            return self._permanent(job, exc, started)
+        except Exception as exc:
+            return await self._failed_async(job, handler, exc, started)
+        finally:
+            _CURRENT.reset(token)
+        return Outcome(job, started, SUCCEEDED, None)
+
+    # -- the tenant's context -------------------------------------------------------------
+    def _tenant_context(self, job: Job) -> Any:
+        factory = self.registry.tenant_context
+        if job.tenant is None or factory is None:
+            return None
+        return factory(job.tenant)
+
+    def _enter_tenant(self, stack: contextlib.ExitStack, job: Job) -> Exception | None:
+        """Enter the tenant's context for a sync run; the exception if it failed to enter."""
+        try:
+            context = self._tenant_context(job)
+            if context is None:
+                return None
+            if hasattr(context, "__enter__"):
+                stack.enter_context(context)
+            elif hasattr(context, "__aenter__"):
+                raise TypeError("an async context manager cannot wrap a sync handler's run")
+            else:
+                raise TypeError(f"the tenant_context factory returned {type(context).__name__}")
+        except Exception as exc:
+            return exc
+        return None
+
+    async def _enter_tenant_async(
+        self, stack: contextlib.AsyncExitStack, job: Job
+    ) -> Exception | None:
+        """Enter the tenant's context (async, else sync) around an async run."""
+        try:
+            context = self._tenant_context(job)
+            if context is None:
+                return None
+            if hasattr(context, "__aenter__"):
+                await stack.enter_async_context(context)
+            elif hasattr(context, "__enter__"):
+                stack.enter_context(context)
+            else:
+                raise TypeError(f"the tenant_context factory returned {type(context).__name__}")
+        except Exception as exc:
+            return exc
+        return None
+
+    def _context_failed(self, job: Job, exc: Exception, started: datetime) -> Outcome:
+        """The handler never started: the attempt fails with ``tenant_context_failed`` and is
+        retried (whatever ``retry_safe`` says) while attempts remain."""
+        log.error(
+            "job %s (%s): the context of tenant %r failed to enter: %s: %s",
+            job.id,
+            job.handler,
+            job.tenant,
+            type(exc).__name__,
+            exc,
+            extra={"action": "tenant_context_failed", "job_id": job.id, "tenant": job.tenant},
+        )
+        if job.attempts >= job.max_attempts:
+            return Outcome(job, started, ABORTED, TENANT_CONTEXT_FAILED)
+        retry_at = self.clock() + self.backoff(job.attempts)
+        return Outcome(job, started, QUEUED, TENANT_CONTEXT_FAILED, retry_at=retry_at)
+
+    # -- outcomes ---------------------------------------------------------------------------
+    def _returned_awaitable(self, job: Job, result: Any, started: datetime) -> Outcome:
+        """A handler gave back an awaitable nobody will await: never a success."""
+        if inspect.iscoroutine(result):
+            result.close()  # no "never awaited" warning: it is reported here instead
+        log.error(
+            "job %s (%s) returned %s instead of running it: declare the handler `async def`"
+            " (or await it inside)",
+            job.id,
+            job.handler,
+            type(result).__name__,
+            extra={"action": "job_returned_awaitable", "job_id": job.id},
+        )
+        return Outcome(job, started, ABORTED, RETURNED_AWAITABLE)
+
+    def _permanent(self, job: Job, exc: PermanentError, started: datetime) -> Outcome:
+        log.warning(
+            "job %s (%s) failed permanently: %s",
+            job.id,
+            job.handler,
+            exc,
+            extra={"action": "job_permanent_error", "job_id": job.id, "code": exc.code},
+        )
+        return Outcome(job, started, ABORTED, exc.code[:200] or "permanent_error")
+
+    def _log_failure(self, job: Job, exc: BaseException, code: str, which: str) -> None:
+        log.warning(
+            "job %s %s attempt %s/%s raised %s: %s",
+            job.id,
+            which,
+            job.attempts,
+            job.max_attempts,
+            code,
+            exc,
+            extra={"action": "job_attempt_failed", "job_id": job.id, "code": code},
+        )
+
+    def _retry_or_abort(self, job: Job, code: str, started: datetime) -> Outcome:
+        if job.attempts >= job.max_attempts:
+            return Outcome(job, started, ABORTED, code)
+        retry_at = self.clock() + self.backoff(job.attempts)
+        return Outcome(job, started, QUEUED, code, retry_at=retry_at)
+
+    def _failed(self, job: Job, handler: Handler, exc: Exception, started: datetime) -> Outcome:
+        code = error_code(exc)
+        self._log_failure(job, exc, code, self._which_run(job))
+        if not handler.retry_safe:
+            return self.abandon(job, handler, code, started)
+        return self._retry_or_abort(job, code, started)
+
+    async def _failed_async(
+        self, job: Job, handler: Handler, exc: BaseException, started: datetime
+    ) -> Outcome:
+        code = error_code(exc)
+        self._log_failure(job, exc, code, await asyncio.to_thread(self._which_run, job))
+        if not handler.retry_safe:
+            return await self.abandon_async(job, handler, code, started)
+        return self._retry_or_abort(job, code, started)
+
+    async def _stopped(self, job: Job, handler: Handler, started: datetime) -> Outcome:
+        """An async run cancelled at shutdown, treated as a stopped worker's job: a retry-safe
+        handler's job is queued again at once (aborted ``worker_stopped`` on its last attempt);
+        any other is abandoned (its ``abandoned`` hook runs)."""
+        log.warning(
+            "job %s (%s) cancelled: the worker is stopping",
+            job.id,
+            job.handler,
+            extra={"action": "job_cancelled_at_shutdown", "job_id": job.id},
+        )
+        if not handler.retry_safe:
+            return await self.abandon_async(job, handler, WORKER_STOPPED, started)
+        if job.attempts >= job.max_attempts:
+            return Outcome(job, started, ABORTED, WORKER_STOPPED)
+        return Outcome(job, started, QUEUED, WORKER_STOPPED, retry_at=self.clock())
+
+    def backoff(self, attempts: int) -> timedelta:
+        """1, 2, 4 ... times the base after each failed attempt, capped."""
+        return delay_after(attempts, self.backoff_base, self.backoff_max)
+
+    @staticmethod
+    def _hook(handler: Handler) -> Callable[[Any], Any] | None:
+        hook: Callable[[Any], Any] | None = handler.abandoned or getattr(
+            handler.func, "abandoned", None
+        )
+        return hook
+
+    def _hook_failed(self, job: Job) -> None:
+        log.exception(
+            "job %s: abandoned() hook of %r raised",
+            job.id,
+            job.handler,
+            extra={"action": "abandoned_hook_failed", "job_id": job.id},
+        )
+
+    def abandon(self, job: Job, handler: Handler, cause: str, started: datetime) -> Outcome:
+        """Run the ``abandoned`` hook (isolated; an async one to its end); the job is to end
+        ``aborted``/``abandoned``."""
+        hook = self._hook(handler)
+        # Only the lease holder runs the hook: a worker whose lease was taken over meanwhile
+        # must not run it a second time (the new owner abandons the job itself).
+        if hook is not None and self.extend([job.id]):
+            try:
+                result = hook(RunningJob(job, self))
+                if inspect.iscoroutine(result):
+                    self.run_coroutine(result)
+            except Exception:
+                self._hook_failed(job)
+        return Outcome(job, started, ABORTED, "abandoned", run_code=cause, abandoned=True)
+
+    async def abandon_async(
+        self, job: Job, handler: Handler, cause: str, started: datetime
+    ) -> Outcome:
+        """:meth:`abandon` on the event loop: an async hook is awaited, a sync one runs in a
+        thread."""
+        hook = self._hook(handler)
+        held = 0 if hook is None else await asyncio.to_thread(self.extend, [job.id])
+        if hook is not None and held:
+            try:
+                if is_async_callable(hook):
+                    await hook(RunningJob(job, self))
+                else:
+                    result = await asyncio.to_thread(hook, RunningJob(job, self))
+                    if inspect.iscoroutine(result):
+                        await result
+            except Exception:
+                self._hook_failed(job)
+        return Outcome(job, started, ABORTED, "abandoned", run_code=cause, abandoned=True)
+
+    def record(self, outcomes: list[Outcome]) -> list[str]:
+        """Write several attempts' outcomes in one transaction, then send their signals.
+
+        Each write is guarded by this runner's lease; an attempt whose lease was lost is
+        discarded and reported as ``lease_lost``.
+        """
+        if not outcomes:
+            return []
+        items = [o.finish_args() for o in outcomes]
+        backoff = Backoff(RECORD_RETRY_FIRST, RECORD_RETRY_CAP)
+        deadline = time.monotonic() + self.lease.total_seconds() / 2
+        while True:
+            try:
+                views = retry("recording outcomes", lambda: self._finish(items))
+                break
+            except Exception as exc:
+                # The database went away (a restart), or the connection now reaches a server
+                # that answers read-only (a switchover): the handlers' work is done, so keep
+                # trying while the leases still hold rather than leave it to a takeover.
+                delay = backoff.next()
+                if not is_transient(exc) or time.monotonic() + delay > deadline:
+                    raise
+                log.warning(
+                    "database unavailable while recording %s job(s); retrying in %.1fs",
+                    len(items),
+                    delay,
+                    extra={"action": "record_retry"},
+                )
+                time.sleep(delay)
+        results: list[str] = []
+        committed: list[tuple[Job, str]] = []
+        for outcome, view in zip(outcomes, views, strict=True):
+            job = outcome.job
+            if view is None:
+                log.warning(
+                    "job %s: lease lost before it finished; its result is discarded",
+                    job.id,
+                    extra={"action": "job_lease_lost", "job_id": job.id},
+                )
+                results.append("lease_lost")
+                continue
+            committed.append((view, outcome.result))
+            if outcome.state == SUCCEEDED:
+                signals.send(signals.job_succeeded, job.handler, job=view)
+            elif outcome.state == QUEUED:
+                signals.send(
+                    signals.job_failed,
+                    job.handler,
+                    job=view,
+                    error_code=outcome.code,
+                    retry_at=outcome.retry_at,
+                )
+            else:
+                if outcome.abandoned:
+                    signals.send(
+                        signals.job_abandoned, job.handler, job=view, error_code=outcome.run_code
+                    )
+                signals.send(signals.job_aborted, job.handler, job=view, error_code=outcome.code)
+            results.append("abandoned" if outcome.abandoned else outcome.state)
+        self._tell_recorded(committed)
+        return results
+
+    def _tell_recorded(self, committed: list[tuple[Job, str]]) -> None:
+        for hook in self.recorded:
+            try:
+                hook(committed)
+            except Exception:
+                log.exception("an outcome hook raised", extra={"action": "outcome_hook_failed"})
+
+    def _finish(self, items: list[_jobs.Finish]) -> list[Job | None]:
+        with self.store.begin() as conn:
+            views = _jobs.finish_many(conn, items, owner=self.owner, now=self.clock())
+            # A retry (at the end of its back-off) or a job queued again at once (an async
+            # run cancelled at shutdown): the workers learn of it (wake-ups, a timer).
+            again = [(v.queue, v.run_at) for v in views if v is not None and v.state == QUEUED]
+            if again:
+                _wakeup.announce(self.store, conn, again)
+            return views
+
+    def _signal_aborted(self, job: Job, code: str) -> None:
+        with self.store.read() as conn:
+            view = _jobs.get_job(conn, job.id)
+        if view is not None:
+            self._tell_recorded([(view, "aborted")])
+        signals.send(signals.job_aborted, job.handler, job=view, error_code=code)
+
+    # -- the simple loop ----------------------------------------------------------------
+    def work(self, limit: int | None = None, batch: int = 10) -> int:
+        """Run ready jobs in this thread until none is ready; returns how many were handled.
+
+        Jobs are claimed ``batch`` at a time and their outcomes written together, at the end
+        of the batch or once the oldest unwritten one is half a second old. The leases of the
+        jobs still waiting are renewed while earlier ones run.
+        """
+        handled = 0
+        while limit is None or handled < limit:
+            size = batch if limit is None else min(batch, limit - handled)
+            jobs = self.take_over(limit=size) or self.claim(size)
+            if not jobs:
+                break
+            pending: list[Outcome] = []
+            oldest = renewed = time.monotonic()
+            for index, job in enumerate(jobs):
+                if time.monotonic() - renewed > self.lease.total_seconds() / 3:
+                    self.extend([j.id for j in jobs[index:]] + [o.job.id for o in pending])
+                    renewed = time.monotonic()
+                if not pending:
+                    oldest = time.monotonic()
+                pending.append(self.execute(job))
+                handled += 1
+                if time.monotonic() - oldest > RECORD_WITHIN:
+                    self.record(pending)
+                    pending = []
+            self.record(pending)
+        return handled
+
+    async def work_async(self, limit: int | None = None) -> int:
+        """:meth:`work` for a program whose event loop is running: async handlers run on that
+        loop, sync handlers and the database writes in threads. One job at a time."""
+        handled = 0
+        while limit is None or handled < limit:
+            size = 10 if limit is None else min(10, limit - handled)
+            jobs = await asyncio.to_thread(self.take_over, size) or await asyncio.to_thread(
+                self.claim, size
+            )
+            if not jobs:
+                break
+            renewed = time.monotonic()
+            for index, job in enumerate(jobs):
+                if time.monotonic() - renewed > self.lease.total_seconds() / 3:
+                    await asyncio.to_thread(self.extend, [j.id for j in jobs[index:]])
+                    renewed = time.monotonic()
+                outcome = await self.execute_async(job)
+                await asyncio.to_thread(self.record, [outcome])
+                handled += 1
+        return handled
+
+
+class Recorder:
+    """Records finished attempts from many threads in few transactions (group commit).
+
+    Worker threads hand in outcomes and go back to work; one thread writes whatever has
+    piled up since its last commit in a single transaction, then calls each ``done``. The
+    jobs stay claimed (and their leases renewed) until written, so nothing is lost if the
+    process dies first: a takeover reruns or abandons them as after any crash.
+    """
+
+    def __init__(self, runner: Runner, *, max_batch: int = 500) -> None:
+        self.runner = runner
+        self.max_batch = max_batch
+        self._pending: list[tuple[Outcome, Callable[[str], None]]] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="scheduler-recorder", daemon=True)
+        self._thread.start()
+
+    def submit(self, outcome: Outcome, done: Callable[[str], None]) -> None:
+        with self._cond:
+            if not self._closed:
+                self._pending.append((outcome, done))
+                self._cond.notify()
+                return
+        self._write([(outcome, done)])  # after close: write in the caller's thread
+
+    def close(self) -> None:
+        """Write what is pending, then stop the writing thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                batch = self._pending[: self.max_batch]
+                del self._pending[: self.max_batch]
+            self._write(batch)
+
+    def _write(self, batch: list[tuple[Outcome, Callable[[str], None]]]) -> None:
+        try:
+            results = self.runner.record([outcome for outcome, _ in batch])
+        except Exception:
+            log.exception(
+                "%s finished job(s) could not be recorded; their leases will expire",
+                len(batch),
+                extra={"action": "record_failed"},
+            )
+            results = ["unrecorded"] * len(batch)
+        for (_, done), result in zip(batch, results, strict=True):
+            try:
+                done(result)
+            except Exception:
+                log.exception("recorder callback failed", extra={"action": "record_callback"})
