@@ -50,11 +50,10 @@ from ._store.settings import DatabaseSettings, database_settings, normalize_data
 from ._store.status import health as _health
 
 if TYPE_CHECKING:
-    import asyncio
-
     from ._model.report import TickReport
     from ._ops import backfill as _backfill
     from ._worker.background import BackgroundWorker
+    from ._worker.events import EventLoop
     from ._worker.runner import Runner
 
 # The tick, the runner, backfill and alerts (croniter, the dispatch paths) are imported by the
@@ -209,8 +208,8 @@ class Scheduler:
         self._schema_ok = False
         self.dashboard_settings = DashboardSettings()  # the file's [dashboard], if any
         self._tick_recorded_at: datetime | None = None
-        self._loop: asyncio.Runner | None = None  # app.work()'s loop for async handlers
-        self._loop_lock = threading.Lock()
+        self._events: EventLoop | None = None  # app.work()'s loop for async handlers
+        self._events_lock = threading.Lock()
         #: Told of every runner's committed outcomes: (the job as written, how it ended);
         #: ``scheduler.metrics`` adds its counter here.
         self.recorded_hooks: list[RecordedHook] = []
@@ -906,14 +905,16 @@ class Scheduler:
         )
 
     def _run_coroutine(self, coro: Coroutine[Any, Any, _T]) -> _T:
-        """Run ``coro`` on this Scheduler's own event loop (made at first use, kept until
-        :meth:`close`, so clients an async handler keeps between runs stay on one loop)."""
-        with self._loop_lock:  # one loop, one run at a time (app.work() from many threads)
-            if self._loop is None:
-                import asyncio
+        """Run ``coro`` on this Scheduler's own event loop, on a thread of its own (made at
+        first use, kept until :meth:`close`, so clients an async handler keeps between runs
+        stay on one loop): the worker's kind of loop, with its watchdog."""
+        with self._events_lock:
+            if self._events is None:
+                from ._worker.events import EventLoop
 
-                self._loop = asyncio.Runner()
-            return self._loop.run(coro)
+                self._events = EventLoop()
+            events = self._events
+        return events.run(coro)
 
     def work(self, limit: int | None = None) -> int:
         """Run ready jobs in this thread until none is ready; returns how many were handled.
@@ -1012,10 +1013,10 @@ class Scheduler:
         )
 
     def close(self) -> None:
-        with self._loop_lock:
-            if self._loop is not None:
-                self._loop.close()
-                self._loop = None
+        with self._events_lock:
+            if self._events is not None:
+                self._events.close()
+                self._events = None
         self._hub.close()
         self.store.dispose()
 

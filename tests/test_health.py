@@ -13,8 +13,9 @@ from sqlalchemy import update
 
 from scheduler import Scheduler, SchemaOutdated, TaskSpec
 from scheduler._model.handlers import Registry
+from scheduler._model.rules import Thresholds
 from scheduler._store.status import health as _health
-from scheduler._store.status.health import HealthSettings, Thresholds, forget, touch
+from scheduler._store.status.health import HealthSettings, forget, touch
 from scheduler._store.tables import rows
 
 

@@ -17,9 +17,10 @@ from sqlalchemy import create_engine, text
 
 from scheduler import Scheduler
 from scheduler._model.handlers import Registry
+from scheduler._model.rules import Thresholds
 from scheduler._store.status import health as _health
 from scheduler._store.status import horizon as _horizon
-from scheduler._store.status.health import HealthSettings, Thresholds
+from scheduler._store.status.health import HealthSettings
 from scheduler.metrics import Metrics
 
 

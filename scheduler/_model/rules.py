@@ -14,6 +14,7 @@ import difflib
 import math
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -172,6 +173,21 @@ def check_policies(task: Any) -> None:
         problem = seconds_problem(getattr(task, key, 0))
         if problem is not None:
             raise ConfigError(f"task {task.name!r}: key {key!r}: {problem}")
+
+
+# -- health ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Thresholds:
+    """How long before something counts as unhealthy, in seconds."""
+
+    job_overdue: float = 300.0  # a ready job not claimed for this long
+    row_overdue: float = 300.0  # an enabled row due this long ago and not dispatched
+    row_held_back: float = 3600.0  # a row waiting this long on its in-flight job
+    stalled: float = 600.0  # jobs waiting this long and nothing finished meanwhile
+    tick: float = 120.0  # no scheduler tick for this long
+    worker_gone: float = 30.0  # a worker not seen for this long is not running (kill -9)
+    clock_offset: float = 2.0  # a host's clock this far off the database's (CLOCK_WARN_SECONDS)
+    horizon: float = 300.0  # a transaction holding the MVCC horizon this long (PostgreSQL)
 
 
 # -- a table of keys, as the TOML file and keyword arguments give them ----------------------

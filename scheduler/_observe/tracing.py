@@ -25,9 +25,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .._model.job import Job
+    from .._model.job import Ending, Job
     from .._model.report import TickReport
-    from .._worker.runner import Outcome
 
 TRACER_NAME = "scheduler"
 SYSTEM = "scheduler"
@@ -162,7 +161,7 @@ class Running:
         self._span = span
         self._trace = trace
 
-    def ended(self, outcome: Outcome) -> None:
+    def ended(self, outcome: Ending) -> None:
         if self._span is None:
             return
         result = outcome.result

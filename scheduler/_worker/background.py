@@ -31,7 +31,7 @@ from .._errors import SchedulerError
 from .worker import CANCEL_WAIT_SECONDS, Worker, WorkerResult, import_handlers
 
 if TYPE_CHECKING:
-    from .._app import Scheduler
+    from .host import Host
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 STOP_MARGIN_SECONDS = 30.0
 
 
-def worker_settings(app: Scheduler, overrides: dict[str, Any]) -> WorkerSettings:
+def worker_settings(app: Host, overrides: dict[str, Any]) -> WorkerSettings:
     """``app``'s ``[worker]`` settings with ``overrides`` (its field names); else TypeError."""
     fields = {field.name for field in dataclasses.fields(WorkerSettings)}
     unknown = sorted(set(overrides) - fields)
@@ -59,7 +59,7 @@ class BackgroundWorker:
     """A worker on a thread of this process: ``with``, ``async with``, or :meth:`start` and
     :meth:`stop`. One use: start it once, stop it once."""
 
-    def __init__(self, app: Scheduler, settings: WorkerSettings) -> None:
+    def __init__(self, app: Host, settings: WorkerSettings) -> None:
         self.app = app
         self.settings = settings
         self.result: WorkerResult | None = None

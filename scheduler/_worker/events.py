@@ -1,6 +1,8 @@
-"""The worker's event loop for ``async def`` handlers: one per process, on a thread of its own.
+"""The one kind of event loop for ``async def`` handlers, on a thread of its own: the worker
+starts one (per worker), and ``app.work()`` runs async handlers on its Scheduler's own.
 
-:class:`LoopThread` runs the loop and takes coroutines from other threads (:meth:`submit`).
+:class:`EventLoop` runs the loop and takes coroutines from other threads (:meth:`run`,
+:meth:`start_job`).
 A watchdog thread watches the loop's lag: a coroutine on the loop notes the time every
 ``BEAT_SECONDS``; when that note is older than ``block_seconds`` the loop is blocked (a handler
 that calls ``time.sleep`` or a sync client without yielding), and the watchdog logs, once per
@@ -26,7 +28,7 @@ BLOCK_SECONDS = 1.0  # a loop that did not note it for this long is blocked
 _T = TypeVar("_T")
 
 
-class LoopThread:
+class EventLoop:
     """An asyncio event loop running on its own thread, with a loop-lag watchdog."""
 
     def __init__(self, *, block_seconds: float = BLOCK_SECONDS) -> None:

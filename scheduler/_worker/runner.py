@@ -14,11 +14,9 @@ import dataclasses
 import functools
 import inspect
 import logging
-import threading
 import time
 from collections.abc import Callable, Collection, Coroutine
 from contextvars import ContextVar
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,7 +24,7 @@ from .. import signals
 from .._errors import LeaseLost, PermanentError
 from .._model.backoff import Backoff, delay_after
 from .._model.handlers import Handler, Registry, error_code, is_async_callable
-from .._model.job import Job, RecordedHook
+from .._model.job import Ending, Job, RecordedHook
 from .._model.rules import ABORTED, QUEUED, SUCCEEDED
 from .._store import Connection, Store
 from .._store import jobs as _jobs
@@ -59,36 +57,17 @@ def current_job() -> RunningJob | None:
     return _CURRENT.get()
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """How one attempt ended, before it is written."""
-
-    job: Job
-    started: datetime
-    state: str  # succeeded, aborted, or queued (a retry at retry_at)
-    code: str | None
-    retry_at: datetime | None = None
-    run_code: str | None = None  # the code for the run history, when it differs
-    abandoned: bool = False
-
-    @property
-    def result(self) -> str:
-        """How the attempt ended, as the run history, the metrics and the traces name it:
-        ``succeeded``, ``failed`` (a retry follows), ``aborted`` or ``abandoned``."""
-        if self.abandoned:
-            return "abandoned"
-        return "failed" if self.state == QUEUED else self.state
-
-    def finish_args(self) -> _jobs.Finish:
-        return _jobs.Finish(
-            job=self.job,
-            state=self.state,
-            code=self.code,
-            run_code=self.run_code,
-            outcome=self.result,
-            retry_at=self.retry_at,
-            started_at=self.started,
-        )
+def finish_args(ending: Ending) -> _jobs.Finish:
+    """What the store writes for one attempt's ending."""
+    return _jobs.Finish(
+        job=ending.job,
+        state=ending.state,
+        code=ending.code,
+        run_code=ending.run_code,
+        outcome=ending.result,
+        retry_at=ending.retry_at,
+        started_at=ending.started,
+    )
 
 
 class RunningJob:
@@ -281,14 +260,14 @@ class Runner:
         run = earlier + (1 if job.attempts <= 1 else 0)  # a retry: its attempt 1 is recorded
         return f"({job.handler}, task {job.task_name}) run {run},"
 
-    def _no_handler(self, job: Job, started: datetime) -> Outcome:
+    def _no_handler(self, job: Job, started: datetime) -> Ending:
         log.error(
             "job %s: no handler registered for %r",
             job.id,
             job.handler,
             extra={"action": "job_no_handler", "job_id": job.id},
         )
-        return Outcome(job, started, ABORTED, "no_handler")
+        return Ending(job, started, ABORTED, "no_handler")
 
     def run_coroutine(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coro`` to its end from sync code (see ``coroutine_runner``)."""
@@ -296,7 +275,7 @@ class Runner:
             return asyncio.run(coro)
         return self.coroutine_runner(coro)
 
-    def execute(self, job: Job) -> Outcome:
+    def execute(self, job: Job) -> Ending:
         """Call the handler and decide what its attempt means; writes nothing.
 
         An ``async def`` handler is run to its end with :meth:`run_coroutine`."""
@@ -305,7 +284,7 @@ class Runner:
         if handler is None:
             return self._no_handler(job, started)
         if handler.is_async:
-            outcome: Outcome = self.run_coroutine(self.execute_async(job))
+            outcome: Ending = self.run_coroutine(self.execute_async(job))
             return outcome
         running = RunningJob(job, self)
         token = _CURRENT.set(running)
@@ -323,9 +302,9 @@ class Runner:
             return self._failed(job, handler, exc, started)
         finally:
             _CURRENT.reset(token)
-        return Outcome(job, started, SUCCEEDED, None)
+        return Ending(job, started, SUCCEEDED, None)
 
-    async def execute_async(self, job: Job) -> Outcome:
+    async def execute_async(self, job: Job) -> Ending:
         """:meth:`execute` on the running event loop: an ``async def`` handler is awaited (a
         sync one runs in a thread). Cancelled while it runs (the worker's shutdown, after the
         grace), the attempt ends as a stopped worker's does: see :meth:`_stopped`."""
@@ -334,7 +313,7 @@ class Runner:
         if handler is None:
             return self._no_handler(job, started)
         if not handler.is_async:
-            outcome: Outcome = await asyncio.to_thread(self.execute, job)
+            outcome: Ending = await asyncio.to_thread(self.execute, job)
             return outcome
         running = RunningJob(job, self)
         token = _CURRENT.set(running)
@@ -358,7 +337,7 @@ class Runner:
             return await self._failed_async(job, handler, exc, started)
         finally:
             _CURRENT.reset(token)
-        return Outcome(job, started, SUCCEEDED, None)
+        return Ending(job, started, SUCCEEDED, None)
 
     # -- the tenant's context -------------------------------------------------------------
     def _tenant_context(self, job: Job) -> Any:
@@ -401,7 +380,7 @@ class Runner:
             return exc
         return None
 
-    def _context_failed(self, job: Job, exc: Exception, started: datetime) -> Outcome:
+    def _context_failed(self, job: Job, exc: Exception, started: datetime) -> Ending:
         """The handler never started: the attempt fails with ``tenant_context_failed`` and is
         retried (whatever ``retry_safe`` says) while attempts remain."""
         log.error(
@@ -414,12 +393,12 @@ class Runner:
             extra={"action": "tenant_context_failed", "job_id": job.id, "tenant": job.tenant},
         )
         if job.attempts >= job.max_attempts:
-            return Outcome(job, started, ABORTED, TENANT_CONTEXT_FAILED)
+            return Ending(job, started, ABORTED, TENANT_CONTEXT_FAILED)
         retry_at = self.clock() + self.backoff(job.attempts)
-        return Outcome(job, started, QUEUED, TENANT_CONTEXT_FAILED, retry_at=retry_at)
+        return Ending(job, started, QUEUED, TENANT_CONTEXT_FAILED, retry_at=retry_at)
 
     # -- outcomes ---------------------------------------------------------------------------
-    def _returned_awaitable(self, job: Job, result: Any, started: datetime) -> Outcome:
+    def _returned_awaitable(self, job: Job, result: Any, started: datetime) -> Ending:
         """A handler gave back an awaitable nobody will await: never a success."""
         if inspect.iscoroutine(result):
             result.close()  # no "never awaited" warning: it is reported here instead
@@ -431,9 +410,9 @@ class Runner:
             type(result).__name__,
             extra={"action": "job_returned_awaitable", "job_id": job.id},
         )
-        return Outcome(job, started, ABORTED, RETURNED_AWAITABLE)
+        return Ending(job, started, ABORTED, RETURNED_AWAITABLE)
 
-    def _permanent(self, job: Job, exc: PermanentError, started: datetime) -> Outcome:
+    def _permanent(self, job: Job, exc: PermanentError, started: datetime) -> Ending:
         log.warning(
             "job %s (%s) failed permanently: %s",
             job.id,
@@ -441,7 +420,7 @@ class Runner:
             exc,
             extra={"action": "job_permanent_error", "job_id": job.id, "code": exc.code},
         )
-        return Outcome(job, started, ABORTED, exc.code[:200] or "permanent_error")
+        return Ending(job, started, ABORTED, exc.code[:200] or "permanent_error")
 
     def _log_failure(self, job: Job, exc: BaseException, code: str, which: str) -> None:
         log.warning(
@@ -455,13 +434,13 @@ class Runner:
             extra={"action": "job_attempt_failed", "job_id": job.id, "code": code},
         )
 
-    def _retry_or_abort(self, job: Job, code: str, started: datetime) -> Outcome:
+    def _retry_or_abort(self, job: Job, code: str, started: datetime) -> Ending:
         if job.attempts >= job.max_attempts:
-            return Outcome(job, started, ABORTED, code)
+            return Ending(job, started, ABORTED, code)
         retry_at = self.clock() + self.backoff(job.attempts)
-        return Outcome(job, started, QUEUED, code, retry_at=retry_at)
+        return Ending(job, started, QUEUED, code, retry_at=retry_at)
 
-    def _failed(self, job: Job, handler: Handler, exc: Exception, started: datetime) -> Outcome:
+    def _failed(self, job: Job, handler: Handler, exc: Exception, started: datetime) -> Ending:
         code = error_code(exc)
         self._log_failure(job, exc, code, self._which_run(job))
         if not handler.retry_safe:
@@ -470,14 +449,14 @@ class Runner:
 
     async def _failed_async(
         self, job: Job, handler: Handler, exc: BaseException, started: datetime
-    ) -> Outcome:
+    ) -> Ending:
         code = error_code(exc)
         self._log_failure(job, exc, code, await asyncio.to_thread(self._which_run, job))
         if not handler.retry_safe:
             return await self.abandon_async(job, handler, code, started)
         return self._retry_or_abort(job, code, started)
 
-    async def _stopped(self, job: Job, handler: Handler, started: datetime) -> Outcome:
+    async def _stopped(self, job: Job, handler: Handler, started: datetime) -> Ending:
         """An async run cancelled at shutdown, treated as a stopped worker's job: a retry-safe
         handler's job is queued again at once (aborted ``worker_stopped`` on its last attempt);
         any other is abandoned (its ``abandoned`` hook runs)."""
@@ -490,8 +469,8 @@ class Runner:
         if not handler.retry_safe:
             return await self.abandon_async(job, handler, WORKER_STOPPED, started)
         if job.attempts >= job.max_attempts:
-            return Outcome(job, started, ABORTED, WORKER_STOPPED)
-        return Outcome(job, started, QUEUED, WORKER_STOPPED, retry_at=self.clock())
+            return Ending(job, started, ABORTED, WORKER_STOPPED)
+        return Ending(job, started, QUEUED, WORKER_STOPPED, retry_at=self.clock())
 
     def backoff(self, attempts: int) -> timedelta:
         """1, 2, 4 ... times the base after each failed attempt, capped."""
@@ -512,7 +491,7 @@ class Runner:
             extra={"action": "abandoned_hook_failed", "job_id": job.id},
         )
 
-    def abandon(self, job: Job, handler: Handler, cause: str, started: datetime) -> Outcome:
+    def abandon(self, job: Job, handler: Handler, cause: str, started: datetime) -> Ending:
         """Run the ``abandoned`` hook (isolated; an async one to its end); the job is to end
         ``aborted``/``abandoned``."""
         hook = self._hook(handler)
@@ -525,11 +504,11 @@ class Runner:
                     self.run_coroutine(result)
             except Exception:
                 self._hook_failed(job)
-        return Outcome(job, started, ABORTED, "abandoned", run_code=cause, abandoned=True)
+        return Ending(job, started, ABORTED, "abandoned", run_code=cause, abandoned=True)
 
     async def abandon_async(
         self, job: Job, handler: Handler, cause: str, started: datetime
-    ) -> Outcome:
+    ) -> Ending:
         """:meth:`abandon` on the event loop: an async hook is awaited, a sync one runs in a
         thread."""
         hook = self._hook(handler)
@@ -544,9 +523,9 @@ class Runner:
                         await result
             except Exception:
                 self._hook_failed(job)
-        return Outcome(job, started, ABORTED, "abandoned", run_code=cause, abandoned=True)
+        return Ending(job, started, ABORTED, "abandoned", run_code=cause, abandoned=True)
 
-    def record(self, outcomes: list[Outcome]) -> list[str]:
+    def record(self, outcomes: list[Ending]) -> list[str]:
         """Write several attempts' outcomes in one transaction, then send their signals.
 
         Each write is guarded by this runner's lease; an attempt whose lease was lost is
@@ -554,7 +533,7 @@ class Runner:
         """
         if not outcomes:
             return []
-        items = [o.finish_args() for o in outcomes]
+        items = [finish_args(o) for o in outcomes]
         backoff = Backoff(RECORD_RETRY_FIRST, RECORD_RETRY_CAP)
         deadline = time.monotonic() + self.lease.total_seconds() / 2
         while True:
@@ -646,7 +625,7 @@ class Runner:
             jobs = self.take_over(limit=size) or self.claim(size)
             if not jobs:
                 break
-            pending: list[Outcome] = []
+            pending: list[Ending] = []
             oldest = renewed = time.monotonic()
             for index, job in enumerate(jobs):
                 if time.monotonic() - renewed > self.lease.total_seconds() / 3:
@@ -682,64 +661,3 @@ class Runner:
                 await asyncio.to_thread(self.record, [outcome])
                 handled += 1
         return handled
-
-
-class Recorder:
-    """Records finished attempts from many threads in few transactions (group commit).
-
-    Worker threads hand in outcomes and go back to work; one thread writes whatever has
-    piled up since its last commit in a single transaction, then calls each ``done``. The
-    jobs stay claimed (and their leases renewed) until written, so nothing is lost if the
-    process dies first: a takeover reruns or abandons them as after any crash.
-    """
-
-    def __init__(self, runner: Runner, *, max_batch: int = 500) -> None:
-        self.runner = runner
-        self.max_batch = max_batch
-        self._pending: list[tuple[Outcome, Callable[[str], None]]] = []
-        self._cond = threading.Condition()
-        self._closed = False
-        self._thread = threading.Thread(target=self._loop, name="scheduler-recorder", daemon=True)
-        self._thread.start()
-
-    def submit(self, outcome: Outcome, done: Callable[[str], None]) -> None:
-        with self._cond:
-            if not self._closed:
-                self._pending.append((outcome, done))
-                self._cond.notify()
-                return
-        self._write([(outcome, done)])  # after close: write in the caller's thread
-
-    def close(self) -> None:
-        """Write what is pending, then stop the writing thread."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        self._thread.join()
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._pending and not self._closed:
-                    self._cond.wait()
-                if not self._pending:
-                    return
-                batch = self._pending[: self.max_batch]
-                del self._pending[: self.max_batch]
-            self._write(batch)
-
-    def _write(self, batch: list[tuple[Outcome, Callable[[str], None]]]) -> None:
-        try:
-            results = self.runner.record([outcome for outcome, _ in batch])
-        except Exception:
-            log.exception(
-                "%s finished job(s) could not be recorded; their leases will expire",
-                len(batch),
-                extra={"action": "record_failed"},
-            )
-            results = ["unrecorded"] * len(batch)
-        for (_, done), result in zip(batch, results, strict=True):
-            try:
-                done(result)
-            except Exception:
-                log.exception("recorder callback failed", extra={"action": "record_callback"})

@@ -17,10 +17,10 @@ from .._errors import ConfigError
 from .._observe import tracing as _tracing
 
 if TYPE_CHECKING:
-    from .._app import Scheduler
     from .._model.job import Job
     from .._model.report import TickReport
     from .._observe.metrics import Metrics
+    from .host import Host
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 class Telemetry:
     """The worker's hooks; :meth:`open` starts serving, :meth:`close` stops."""
 
-    def __init__(self, app: Scheduler) -> None:
+    def __init__(self, app: Host) -> None:
         self.app = app
         self.metrics: Metrics | None = None
         self._server: Any = None

@@ -10,7 +10,7 @@ It keeps a row in ``scheduler_workers`` (``scheduler status`` reads it) and dele
 leaving its last tick on record for ``status`` (``_health.record_tick``).
 
 ``async def`` handlers run on one event loop per process, on a thread of its own
-(:mod:`scheduler._loop`, with a watchdog that logs a handler blocking the loop), up to
+(:mod:`scheduler._worker.events`, with a watchdog that logs a handler blocking the loop), up to
 ``async_concurrency`` at once beside the ``concurrency`` threads; the claim asks for each kind
 of job up to its own free slots. The heartbeat thread renews their leases as it does the
 threads' jobs.
@@ -49,17 +49,17 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._model.backoff import Backoff
-from .._model.job import Job
+from .._model.job import Ending, Job
 from .._store import wakeup as _wakeup
 from .._store.retry import is_transient
 from .._store.status import health as _health
-from .events import LoopThread
-from .runner import Outcome, Recorder
+from .events import EventLoop
+from .recorder import Recorder
 from .telemetry import Telemetry
 
 if TYPE_CHECKING:
-    from .._app import Scheduler
     from .._config import WorkerSettings
+    from .host import Host
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class Worker:
 
     def __init__(
         self,
-        app: Scheduler,
+        app: Host,
         *,
         concurrency: int | None = None,
         settings: WorkerSettings | None = None,
@@ -141,7 +141,7 @@ class Worker:
         self._serve_metrics = serve_metrics
         #: Set once the worker has started (schema checked, registered): it runs from then on.
         self.started = threading.Event()
-        self._events: LoopThread | None = None  # started by run() when async handlers exist
+        self._events: EventLoop | None = None  # started by run() when async handlers exist
         self._async_names: frozenset[str] = frozenset()
         self._sync_handlers = True  # any sync handler registered (else claim async only)
         self._async: set[int] = set()  # the running jobs that run on the loop
@@ -188,7 +188,7 @@ class Worker:
             if once:
                 self._once(pool)
             else:
-                self._loop(pool)
+                self._serve(pool)
         finally:
             left = self._drain()
             self._recorder.close()
@@ -227,7 +227,7 @@ class Worker:
         self._async_names = registry.async_names()
         self._sync_handlers = len(self._async_names) < len(registry.names())
         if self._async_names and self.concurrency > 0:
-            self._events = LoopThread()
+            self._events = EventLoop()
             self.runner.coroutine_runner = self._events.run  # async hooks of sync handlers
 
     def _listen(self) -> None:
@@ -237,7 +237,7 @@ class Worker:
             self._wake, self.app.worker_settings.queues, self.app.clock, self._has_free
         )
         try:
-            self._listening = _wakeup.listen(self.app, waiter)
+            self._listening = _wakeup.listen(self.app.store, waiter)
         except Exception as exc:  # never a reason not to work: the poll finds the jobs
             self._log_error("starting wake-ups", exc, None)
 
@@ -279,10 +279,10 @@ class Worker:
         self._tick_stop.set()
         self._wake.set()
 
-    def _loop(self, pool: ThreadPoolExecutor) -> None:
+    def _serve(self, pool: ThreadPoolExecutor) -> None:
         # The tick runs on its own thread: claiming never waits behind a long tick, nor a
         # tick behind a claim (each takes its own pooled connection).
-        ticker = threading.Thread(target=self._tick_loop, name="scheduler-tick", daemon=True)
+        ticker = threading.Thread(target=self._ticker, name="scheduler-tick", daemon=True)
         ticker.start()
         next_housekeeping = time.monotonic()
         backoff = Backoff(BACKOFF_MIN, BACKOFF_MAX)
@@ -306,7 +306,7 @@ class Worker:
             self._tick_stop.set()
             ticker.join()
 
-    def _tick_loop(self) -> None:
+    def _ticker(self) -> None:
         """Tick on the grid until the worker stops; a failing tick backs off, the jobs go on."""
         interval = self.app.settings.tick_interval
         offset = tick_offset(self.app.worker_id, interval)
@@ -468,7 +468,7 @@ class Worker:
         )
         self._release(job.id)
 
-    def _hand_in(self, job: Job, outcome: Outcome, began: float) -> None:
+    def _hand_in(self, job: Job, outcome: Ending, began: float) -> None:
         with self._lock:
             self._handed_in.add(job.id)
         self._recorder.submit(outcome, self._when_recorded(job, began))

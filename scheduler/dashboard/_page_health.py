@@ -7,8 +7,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from .._model.rules import Thresholds
 from .._store.status import counts as _counts
-from .._store.status import health as _health
 from ._state import Dashboard, page
 
 
@@ -18,7 +18,7 @@ def health(dash: Dashboard, request: Request) -> Response:
         "finished": dash.finished.get(),  # never waits: the last counts, with their age
         "finished_every": dash.finished.interval(),
         "finished_states": _counts.FINISHED,
-        "worker_gone": f"{_health.Thresholds.worker_gone:g}",
+        "worker_gone": f"{Thresholds.worker_gone:g}",
     }
     return dash.render(request, "health.html", context)
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, bindparam, or_, select, union_all
 
+from ..._model.rules import Thresholds
 from ..tables import jobs, rows, runs
 from . import warned as _warned
-from .health import Thresholds
 
 PAGE_SIZE = 50
 STRIP_LENGTH = 12

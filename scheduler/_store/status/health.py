@@ -26,7 +26,7 @@ from sqlalchemy import case, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ..._model.rows import TaskRow
-from ..._model.rules import ABORTED, STATES
+from ..._model.rules import ABORTED, STATES, Thresholds
 from ..._model.time import in_zone, iso
 from .. import jobs as _jobs
 from .. import rows as _rows
@@ -37,21 +37,6 @@ from . import counts as _counts
 from . import horizon as _horizon
 from . import warned as _warned
 from .counts import LIVE
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """How long before something counts as unhealthy, in seconds."""
-
-    job_overdue: float = 300.0  # a ready job not claimed for this long
-    row_overdue: float = 300.0  # an enabled row due this long ago and not dispatched
-    row_held_back: float = 3600.0  # a row waiting this long on its in-flight job
-    stalled: float = 600.0  # jobs waiting this long and nothing finished meanwhile
-    tick: float = 120.0  # no scheduler tick for this long
-    worker_gone: float = 30.0  # a worker not seen for this long is not running (kill -9)
-    clock_offset: float = 2.0  # a host's clock this far off the database's (CLOCK_WARN_SECONDS)
-    horizon: float = 300.0  # a transaction holding the MVCC horizon this long (horizon.py)
-
 
 CLOCK_WARN_SECONDS = Thresholds.clock_offset
 """``status`` warns about a host whose clock is more than this off the database's."""

@@ -44,7 +44,7 @@ from .. import rows as _rows
 from ..tables import UTCDateTime, jobs, rows
 
 if TYPE_CHECKING:
-    from .health import Thresholds
+    from ..._model.rules import Thresholds
 
 #: Disables a person or the file asked for; every other reason (failures) is warned about.
 CHOSEN_DISABLES = (_rows.REASON_MANUAL, _rows.REASON_CONFIG, _rows.REASON_REMOVED)

@@ -70,7 +70,7 @@ class Publisher:
         self._client: Any = None
         self._down_until = 0.0
         self._backoff = Backoff(RECONNECT_MIN, RECONNECT_MAX)
-        self._thread = threading.Thread(target=self._loop, name="scheduler-publish", daemon=True)
+        self._thread = threading.Thread(target=self._publish_pending, name="scheduler-publish", daemon=True)
         self._thread.start()
         _publishers.add(self)
 
@@ -89,7 +89,7 @@ class Publisher:
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
-    def _loop(self) -> None:
+    def _publish_pending(self) -> None:
         while True:
             with self._cond:
                 while not self._pending and not self._closed:

@@ -13,7 +13,7 @@ from ._sources import Source
 from ._sqlite import SqliteSource, sqlite_watcher
 
 if TYPE_CHECKING:
-    from ..._app import Scheduler
+    from ..engine import Store
 
 
 class Listening:
@@ -40,13 +40,12 @@ class Listening:
             source.stop()
 
 
-def listen(app: Scheduler, waiter: Waiter) -> Listening:
+def listen(store: Store, waiter: Waiter) -> Listening:
     """Start what tells ``waiter`` of new jobs: the broker if configured, else PostgreSQL's
     ``LISTEN`` (not behind a transaction pooler without ``listen_url``), or the SQLite file's
     watcher; where neither a ``NOTIFY`` nor the broker reaches it, this process's own
     announcements wake it directly. Says once in the log when nothing reaches it from other
     processes."""
-    store = app.store
     hub = hub_for(store.engine)
     key = hub.key
     listening = Listening(waiter, key)
