@@ -541,11 +541,11 @@ def test_errors_logs_and_status_say_task(
     import logging
 
     from scheduler import SchedulerError, TaskSpec
-    from scheduler.cli import _print_status
+    from scheduler.cli.output import print_status
 
     app = Scheduler(migrated, registry=Registry())
     try:
-        _print_status(app.status())
+        print_status(app.status())
         assert capsys.readouterr().out.splitlines()[0] == "no tasks (run `scheduler sync`)"
         with pytest.raises(SchedulerError) as unknown:
             app.enable("nope")
@@ -573,7 +573,7 @@ def test_errors_logs_and_status_say_task(
             "task flaky disabled after 1 consecutive failures" in r.getMessage()
             for r in caplog.records
         )
-        _print_status(app.status())
+        print_status(app.status())
         out = capsys.readouterr().out
         assert "warning: task 'flaky' disabled" in out and not ROW_WORD.search(out)
     finally:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-import importlib.util
 import json
 import math
 import os
@@ -574,10 +573,8 @@ def test_deeply_nested_payload_is_a_payload_error(tmp_path: Path) -> None:
 
 
 # -- the real command line -------------------------------------------------------------------
-HAS_CLI = importlib.util.find_spec("scheduler.cli") is not None
 
 
-@pytest.mark.skipif(not HAS_CLI, reason="scheduler/cli.py is not there yet")
 @settings(FUZZ, max_examples=3)
 @given(document=documents())
 def test_cli_sync_refuses_bad_files_in_one_line(document: tuple[str, bool], tmp_path: Path) -> None:

@@ -332,7 +332,7 @@ def test_a_rolled_back_enqueue_wakes_nobody_in_the_process(tmp_path: Path, sqlit
     url = make_url("sqlite", tmp_path, sqlite_template)
     app = make_app(url)
     waiter = _wakeup.Waiter(threading.Event(), ["default"], app.clock)
-    listening = _wakeup.listen(app, waiter)
+    listening = _wakeup.listen(app.store, waiter)
     try:
         assert "sqlite-watch" in listening.how
         wait_for(lambda: waiter.heard == 1, what="the watcher's first look")
@@ -411,7 +411,7 @@ def test_a_sqlite_worker_does_not_wake_itself(tmp_path: Path, sqlite_template: P
     url = make_url("sqlite", tmp_path, sqlite_template)
     app = make_app(url)
     waiter = _wakeup.Waiter(threading.Event(), ["default"], app.clock)
-    listening = _wakeup.listen(app, waiter)
+    listening = _wakeup.listen(app.store, waiter)
     try:
         wait_for(lambda: waiter.heard == 1, what="the watcher's first look")
         if sys.platform == "linux":  # told of each write to the -wal file, no polling
@@ -647,7 +647,7 @@ def test_behind_a_pooler_without_listen_url_workers_poll_and_status_says_so(
     app = make_app(pg_url, pooler="transaction")
     waiter = _wakeup.Waiter(threading.Event(), ["default"], app.clock)
     _wakeup._common.said.discard("no_listen")
-    listening = _wakeup.listen(app, waiter)
+    listening = _wakeup.listen(app.store, waiter)
     try:
         assert "notify" not in listening.how and not listening.sources
         assert "transaction pooler" in caplog.text
@@ -658,7 +658,7 @@ def test_behind_a_pooler_without_listen_url_workers_poll_and_status_says_so(
         app.close()
     listened = make_app(pg_url, pooler="transaction", listen_url=PG_URL)  # a direct URL
     waiter = _wakeup.Waiter(threading.Event(), ["default"], listened.clock)
-    listening = _wakeup.listen(listened, waiter)
+    listening = _wakeup.listen(listened.store, waiter)
     try:
         assert "notify" in listening.how
         wait_for(lambda: waiter.heard == 1, what="the LISTEN connection on listen_url")
@@ -673,7 +673,7 @@ def test_behind_a_pooler_without_listen_url_workers_poll_and_status_says_so(
 def test_wake_ups_off_announce_nothing(pg_url: str) -> None:
     app = make_app(pg_url, wakeups=False)
     waiter = _wakeup.Waiter(threading.Event(), ["default"], app.clock)
-    listening = _wakeup.listen(app, waiter)
+    listening = _wakeup.listen(app.store, waiter)
     source = _wakeup._postgres.PostgresSource(
         app.store.database.listen_url, app.store.engine, waiter
     )
@@ -698,7 +698,7 @@ def test_mariadb_without_a_broker_says_it_polls(
     app = make_app(url)
     _wakeup._common.said.discard("no_notify_mysql")
     _wakeup._common.said.discard("no_notify_mariadb")
-    listening = _wakeup.listen(app, _wakeup.Waiter(threading.Event(), ["default"], app.clock))
+    listening = _wakeup.listen(app.store, _wakeup.Waiter(threading.Event(), ["default"], app.clock))
     try:
         assert listening.how == ["process"]
         assert "set [broker] url" in caplog.text

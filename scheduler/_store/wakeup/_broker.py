@@ -70,7 +70,9 @@ class Publisher:
         self._client: Any = None
         self._down_until = 0.0
         self._backoff = Backoff(RECONNECT_MIN, RECONNECT_MAX)
-        self._thread = threading.Thread(target=self._publish_pending, name="scheduler-publish", daemon=True)
+        self._thread = threading.Thread(
+            target=self._publish_pending, name="scheduler-publish", daemon=True
+        )
         self._thread.start()
         _publishers.add(self)
 

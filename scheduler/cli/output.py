@@ -1,0 +1,144 @@
+"""What the commands print: aligned tables, ``action: names`` lines, the text of ``status`` and
+``explain``, instants in UTC."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
+
+import click
+
+from .._model.time import in_zone, iso
+
+if TYPE_CHECKING:
+    from .._model.job import Job
+
+
+def lines(names: dict[str, list[str]]) -> None:
+    """``action: name, name`` per line, aligned; ``-`` for none."""
+    width = max(len(key) for key in names) + 1
+    for key, found in names.items():
+        click.echo(f"{key.replace('_', ' ') + ':':<{width}} {', '.join(found) or '-'}")
+
+
+def print_explain(data: dict[str, Any]) -> None:
+    p = data["policies"]
+    window = f"{p['catchup_window']} s" if p["catchup_window"] else "unlimited"
+    jitter = f"{p['jitter']} s" if p["jitter"] else "off"
+    limit = p["max_consecutive_failures"] or "unlimited"
+    click.echo(f"task {data['name']}: {data['state']}")
+    click.echo(
+        f"policies: overlap {p['overlap']}, catchup_window {window}, jitter {jitter},"
+        f" max_consecutive_failures {limit}; cron {p['cron']!r} in {p['timezone']}"
+    )
+    utc_only = p["timezone"] == "UTC"  # one column: the same instants
+    click.echo(f"\nnext fires ({'UTC' if utc_only else p['timezone'] + ' | UTC'}):")
+    if not data["enabled"]:
+        click.echo(f"  none: the task is disabled (`scheduler enable {data['name']}` re-arms it)")
+    for fire in data["next_fires"]:
+        marks = []
+        if fire["dst"]:
+            marks.append(f"DST {fire['dst']}")
+        if fire["dst_case"] == "dst_gap":
+            marks.append("dst_gap: moved out of the spring-forward gap")
+        if fire["skipped_repeats"]:
+            marks.append("dst_repeat: the repeated hour is not fired again")
+        if fire["at"] != fire["slot"]:
+            marks.append(f"slot {fire['slot']} + jitter")
+        local = in_zone(datetime.fromisoformat(fire["at"]), ZoneInfo(p["timezone"]))
+        line = f"  {local:%Y-%m-%d %H:%M:%S %Z}" + ("" if utc_only else f"  {fire['at']}")
+        click.echo(f"{line}  {'; '.join(marks)}".rstrip())
+    click.echo("\ndecisions (newest first):")
+    for d in data["decisions"]:
+        job = f" job {d['job_id']}" if d["job_id"] is not None else ""
+        why = f" ({d['reason']})" if d["reason"] else ""
+        detail = f": {d['detail']}" if d["detail"] else ""
+        click.echo(f"  {d['decided_at']}  {d['decision']:<15} slot {d['slot']}{job}{why}{detail}")
+    if not data["decisions"]:
+        click.echo("  none yet")
+    click.echo("\nruns (newest first):")
+    for r in data["runs"]:
+        code = f" {r['error_code']}" if r["error_code"] else ""
+        click.echo(
+            f"  {r['finished_at']}  job {r['job_id']} run {r['run']} attempt {r['attempt']}"
+            f"  {r['outcome']}{code}  {r['worker'] or ''}".rstrip()
+        )
+    if not data["runs"]:
+        click.echo("  none yet")
+
+
+POLICY_OUTCOMES = ("skipped_overlap", "missed")
+
+TABLE_HEADER = "NAME|ENABLED|NEXT RUN (LOCAL)|NEXT RUN (UTC)|LAST JOB|FAILURES|WHY DISABLED"
+
+
+def table_row(row: dict[str, Any]) -> list[str]:
+    when = ["-", "-"]
+    if row["enabled"] and row["next_run_at"]:
+        utc = datetime.fromisoformat(row["next_run_at"])
+        local = in_zone(utc, ZoneInfo(row["timezone"]))
+        when = [f"{local:%Y-%m-%d %H:%M:%S} {row['timezone']}", f"{utc:%Y-%m-%d %H:%M:%S}Z"]
+    failures, why = str(row["consecutive_failures"]), row["disabled_reason"] or ""
+    if row.get("disabled_note"):
+        why = f"{why}: {row['disabled_note']}"
+    state = row["last_job_state"] or "-"
+    if row["last_job_state"] and row["last_job_id"] is None:  # its jobs are backfilled ones
+        state = f"{state} (backfill)"
+    return [row["name"], "yes" if row["enabled"] else "no", *when, state, failures, why]
+
+
+def policy_text(row: dict[str, Any]) -> str:
+    """A row's run policies in a few words: ``hold``, ``skip, window 300 s, jitter 60 s``."""
+    words = [str(row.get("overlap", "hold"))]
+    if row.get("catchup_window"):
+        words.append(f"window {row['catchup_window']} s")
+    if row.get("jitter"):
+        words.append(f"jitter {row['jitter']} s")
+    return ", ".join(words)
+
+
+def print_status(data: dict[str, Any]) -> None:
+    table = [TABLE_HEADER.split("|")] + [table_row(r) for r in data["rows"]]
+    if any(policy_text(r) != "hold" for r in data["rows"]):  # the default needs no column
+        table = [
+            [*line[:-1], policy, line[-1]]
+            for line, policy in zip(
+                table, ["POLICY"] + [policy_text(r) for r in data["rows"]], strict=True
+            )
+        ]
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    for line in table if data["rows"] else []:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+    if not data["rows"]:
+        click.echo("no tasks (run `scheduler sync`)")
+    click.echo("\njobs: " + ", ".join(f"{state} {n}" for state, n in data["jobs"].items()))
+    h = data["health"]
+    click.echo(
+        f"health: waiting {h['waiting']}, stopped {h['stopped']}, overdue {h['overdue']},"
+        f" stalled {'yes' if h['stalled'] else 'no'}; last tick {h['last_tick_at'] or '-'},"
+        f" {len(h['workers'])} worker(s)"
+    )
+    for warning in h["warnings"]:
+        click.echo(f"warning: {warning}")
+
+
+def utc(value: datetime | None) -> str:
+    return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def table(header: str, lines: list[list[str]]) -> None:
+    """Columns aligned, the header first (``|`` separates its cells)."""
+    table = [header.split("|"), *lines]
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    for line in table:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+
+
+def job_dict(job: Job) -> dict[str, Any]:
+    data = dataclasses.asdict(job)
+    for key, value in data.items():
+        if isinstance(value, datetime):
+            data[key] = iso(value)
+    return data

@@ -1,0 +1,132 @@
+"""The commands that set up and serve: ``migrate``, ``worker``, ``dashboard``."""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+import click
+
+from .._errors import ConfigError
+from ._group import State, cli, enabled_rows, hard_exit, log, pass_state, unknown_handlers
+
+
+@cli.command()
+@click.option(
+    "--revision",
+    default="head",
+    show_default=True,
+    help="Target revision; an older one (or 'base') downgrades, dropping what later"
+    " revisions added. Back up first.",
+)
+@pass_state
+def migrate(state: State, revision: str) -> None:
+    """Create or upgrade the database schema (or move it to --revision)."""
+    from .._store import migrate as _migrate
+
+    app = state.open(check_schema=False)
+    app.migrate(revision)
+    current = _migrate.current_revision(app.store)
+    suffix = " (head)" if current == _migrate.head_revision() else ""
+    click.echo(f"schema at revision {current or 'base'}{suffix}")
+
+
+@cli.command()
+@click.option(
+    "--once",
+    is_flag=True,
+    help="One round: take over, tick, run every ready job, then exit; the tick stays on"
+    " record for `status` (HOST:tick, as `scheduler tick` records it).",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="Jobs run at once (0: tick only) [default: [worker] concurrency].",
+)
+@click.option(
+    "--allow-unknown-handlers",
+    is_flag=True,
+    help="Start even if an enabled task names a handler that no module in [worker] imports"
+    " registered (its jobs then abort with no_handler); logged as a warning.",
+)
+@pass_state
+def worker(state: State, once: bool, concurrency: int | None, allow_unknown_handlers: bool) -> None:
+    """Run the worker: tick, claim and run jobs.
+
+    Imports the [worker] imports modules, then ticks every tick_interval and runs ready jobs
+    on N threads, renewing their leases, until SIGTERM or SIGINT. Then it claims nothing new,
+    lets the running jobs finish within shutdown_grace_seconds (a second signal: no wait),
+    leaves any still running to lease expiry and takeover, and exits 0.
+    """
+    from .._worker.worker import Worker
+
+    app = state.open()
+    state.import_handlers()
+    problems = unknown_handlers(app, enabled_rows(app))
+    if problems and not allow_unknown_handlers:
+        for problem in problems:
+            click.echo(f"error: {problem}", err=True)
+        click.echo(
+            "error: the worker does not start with unknown handlers: fix the tasks or"
+            " [worker] imports, or pass --allow-unknown-handlers",
+            err=True,
+        )
+        sys.exit(1)
+    for problem in problems:
+        log.warning("%s", problem)
+    result = Worker(app, concurrency=concurrency).run(once=once, install_signals=True)
+    if result.left_running:
+        # Their threads would keep the interpreter alive; their leases expire instead.
+        hard_exit(0)
+
+
+@cli.command()
+@click.option(
+    "--host", metavar="ADDRESS", help="Address to bind [default: [dashboard] host, 127.0.0.1]."
+)
+@click.option(
+    "--port", type=click.IntRange(1, 65535), help="Port [default: [dashboard] port, 8787]."
+)
+@click.option(
+    "--hash-password",
+    is_flag=True,
+    help="Read a password (prompted, or from stdin) and print its hash for"
+    " [dashboard] password_hash; serves nothing.",
+)
+@pass_state
+def dashboard(state: State, host: str | None, port: int | None, hash_password: bool) -> None:
+    """Serve the web dashboard (needs: pip install 'scheduler[dashboard]').
+
+    Read-only unless [dashboard] actions = true and a user signs in with [dashboard] username
+    and password_hash (or $SCHEDULER_DASHBOARD_PASSWORD_HASH). Refuses an address other than
+    loopback when no credentials are configured.
+    """
+    from ..dashboard import _auth
+
+    if hash_password:
+        if sys.stdin.isatty():
+            password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
+        else:
+            password = sys.stdin.readline().rstrip("\r\n")
+        click.echo(_auth.hash_password(password))
+        return
+    try:
+        import uvicorn
+
+        from ..dashboard import _web
+    except ImportError as exc:
+        raise ConfigError(
+            f"the dashboard needs its extra: pip install 'scheduler[dashboard]' ({exc})"
+        ) from exc
+    app = state.open()
+    settings = app.dashboard_settings
+    bind = host or settings.host
+    _auth.check_bind(bind, settings, f"{app.config_path}: [dashboard]")
+    asgi = _web.create_app(app, settings)
+    click.echo(f"dashboard on http://{bind}:{port or settings.port}/ (Ctrl-C stops it)", err=True)
+    # What start-up made (modules, templates, the schema) lives as long as the server: out of
+    # the collector's way, so that a full collection, which otherwise walks all of it (about
+    # 45 ms here), does not land inside a page's request.
+    gc.freeze()
+    uvicorn.run(asgi, host=bind, port=port or settings.port, log_level="warning")
