@@ -193,7 +193,7 @@ class Scheduler:
         self._clock_meter = chosen.meter
         self.worker_id = worker_id or default_worker_id()
         self._worker_id_pid = None if worker_id else os.getpid()  # the pid a default id names
-        # Wake-ups (scheduler/_wakeup.py): how this process's transactions announce new jobs.
+        # Wake-ups (scheduler/_store/wakeup/): how this process's transactions announce new jobs.
         if broker is None:
             given = {"url": broker_url} if broker_url is not None else {}
             broker = broker_settings(given, "Scheduler()")

@@ -1,10 +1,11 @@
-"""The tick: read the due rows in batches, decide each one, have the dispatcher carry it out,
-report the outcomes and send the signals.
+"""The tick, one way through: read the due rows from the store, decide each one and compute
+its slots in the model, write the decisions through the store, report.
 
-Per batch: the due query (``due.py``), one :func:`~scheduler._tick.decide.decide` per row (the
-rules live there), then the engine's dispatcher (``scheduler/_dispatch``) writes the decisions,
-each row in its own transaction. The outcomes are reported, and the signals sent, in due order
-once the batch is carried out; an error is raised after what committed has been reported.
+Per batch: the due query (``scheduler/_store/due.py``), one :func:`~scheduler._model.decide.decide`
+per row (the rules live there; the slots are ``scheduler/_model/slots.py``'s), then the engine's
+decision writer (``scheduler/_store/writers/``) writes the decisions, each row in its own
+transaction. The outcomes are reported, and the signals sent, in due order once the batch is carried
+out; an error is raised after what committed has been reported.
 
 Several processes may tick at once. A row another process dispatched first is lost by this
 one (``lost_race``: its snapshot is stale, the compare-and-swap misses, nothing is written).
@@ -13,9 +14,9 @@ that lost a race goes on from a random position among the due rows (and comes ba
 rows before it): two ticks that met part again. Without a lost race, the rows are taken
 oldest ``next_run_at`` first, then by id.
 
-A row another transaction holds locked (an operator's open ``UPDATE``, a migration) is
-passed over without waiting (``locked``, ``_store/locks.py``): it stays due, the tick goes on
-with the others, and the next tick looks at it again.
+A row another transaction holds locked (an operator's open ``UPDATE``, a migration) is passed over
+without waiting (``locked``, ``scheduler/_store/locks.py``): it stays due, the tick goes on with the
+others, and the next tick looks at it again.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from ._observe import tracing as _tracing
 from ._store import Connection, Store
 from ._store import wakeup as _wakeup
 from ._store.due import due, last_id
-from ._store.writers import Carried, Decided, Dispatcher, JobDefaults, Work, dispatcher_for
+from ._store.writers import Carried, Decided, JobDefaults, Work, Writer, writer_for
 from ._store.writers.portable import SendDispatched
 
 log = logging.getLogger("scheduler._tick")  # every record of the tick, whichever module
@@ -84,7 +85,7 @@ def _tick(
     report: TickReport,
     trace: _tracing.TickTrace,
 ) -> None:
-    dispatcher = dispatcher_for(store)
+    writer = writer_for(store)
     after: Position | None = None
     seen: set[int] = set()  # the rows decided in this tick, not decided again after a jump
     jumped = owed = False  # owed: a jump skipped rows; read from the first once past the last
@@ -103,7 +104,7 @@ def _tick(
             batch = due(store, conn, now, batch_size, after)
             todo = [row for row in batch if row.id not in seen] if jumped else batch
             lost = _carry_out(
-                store, conn, todo, max_consecutive_failures, dispatcher, work, report, seen, trace
+                store, conn, todo, max_consecutive_failures, writer, work, report, seen, trace
             )
             if lost:  # another tick is on these rows: go on from a random position
                 top = last_id(store, conn)
@@ -122,14 +123,14 @@ def _carry_out(
     conn: Connection,
     batch: list[DueRow],
     max_consecutive_failures: int,
-    dispatcher: Dispatcher,
+    writer: Writer,
     work: Work,
     report: TickReport,
     seen: set[int],
     trace: _tracing.TickTrace,
 ) -> int:
-    """Decide each row, have the dispatcher write the decisions, report the outcomes (adding
-    the rows carried out to `seen`); the number of races lost. A dispatcher stops a batch at
+    """Decide each row, have the writer write the decisions, report the outcomes (adding
+    the rows carried out to `seen`); the number of races lost. A writer stops a batch at
     its first lost race: the rows it did not get to stay due, for later in the tick."""
     if not batch:
         return 0
@@ -168,7 +169,7 @@ def _carry_out(
         decided.append((row, decision))
     if trace.wanted and any(d.action in _CREATES for _, d in decided):
         work = dataclasses.replace(work, traceparent=trace.begin())  # the jobs carry the span
-    carried = dispatcher.carry_out(store, conn, decided, work) if decided else Carried()
+    carried = writer.carry_out(store, conn, decided, work) if decided else Carried()
     _announce(store, conn, batch, carried, work)
     if failure is not None:
         carried.failures.append(failure)

@@ -26,7 +26,7 @@ from scheduler._store.due import due
 from scheduler._store.engine import CLIENT_MULTI_STATEMENTS
 from scheduler._store.tables import decisions, jobs, rows
 from scheduler._store.writers import Work
-from scheduler._store.writers.portable import PortableDispatcher
+from scheduler._store.writers.portable import PortableWriter
 from scheduler.testing import ManualClock
 
 T0 = datetime(2030, 1, 7, 12, 0, tzinfo=UTC)
@@ -61,7 +61,7 @@ def snapshot(app: Scheduler, now: datetime) -> DueRow:
 def carry(
     app: Scheduler, row: DueRow, now: datetime, nowait: bool, multi: bool
 ) -> tuple[tick_module.TickReport, list[str]]:
-    """`row` decided and carried out by the portable dispatcher on the path given; the report
+    """`row` decided and carried out by the portable writer on the path given; the report
     and the statements sent."""
     decision = tick_module.decide(row, now, max_consecutive_failures=0, next_slot=next_slot)
     work = Work(
@@ -80,7 +80,7 @@ def carry(
     event.listen(app.store.engine, "before_cursor_execute", seen)
     try:
         with app.store.engine.connect() as conn:
-            carried = PortableDispatcher(single_writer=False).carry_out(
+            carried = PortableWriter(single_writer=False).carry_out(
                 app.store, conn, [(row, decision)], work
             )
             tick_loop._settle(conn, [row], carried, report)

@@ -28,9 +28,9 @@ from scheduler._model.rows import DueRow
 from scheduler._model.slots import next_slot
 from scheduler._store.due import due
 from scheduler._store.tables import jobs, rows
-from scheduler._store.writers import Dispatcher, Work
-from scheduler._store.writers.portable import PortableDispatcher
-from scheduler._store.writers.postgres import PostgresDispatcher
+from scheduler._store.writers import Work, Writer
+from scheduler._store.writers.portable import PortableWriter
+from scheduler._store.writers.postgres import PostgresWriter
 from scheduler.testing import ManualClock, capture_signals, drive
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -675,9 +675,9 @@ def stale_snapshot(app: Scheduler, now: datetime) -> DueRow:
 
 
 def carry(
-    app: Scheduler, snapshot: DueRow, now: datetime, dispatcher: Dispatcher
+    app: Scheduler, snapshot: DueRow, now: datetime, writer: Writer
 ) -> tick_module.TickReport:
-    """The snapshot decided and carried out by `dispatcher`, then reported as the tick does."""
+    """The snapshot decided and carried out by `writer`, then reported as the tick does."""
     decision = tick_module.decide(
         snapshot,
         now,
@@ -687,14 +687,14 @@ def carry(
     work = Work(now=now, job_defaults=app._job_defaults, connections=4)
     report = tick_module.TickReport()
     with app.store.engine.connect() as conn:
-        carried = dispatcher.carry_out(app.store, conn, [(snapshot, decision)], work)
+        carried = writer.carry_out(app.store, conn, [(snapshot, decision)], work)
         tick_loop._settle(conn, [snapshot], carried, report)
     return report
 
 
 def run_one(app: Scheduler, snapshot: DueRow, now: datetime) -> tick_module.TickReport:
-    """One row on its own connection, through the portable dispatcher (every engine)."""
-    return carry(app, snapshot, now, PortableDispatcher(single_writer=True))
+    """One row on its own connection, through the portable writer (every engine)."""
+    return carry(app, snapshot, now, PortableWriter(single_writer=True))
 
 
 def test_lost_race_on_a_stale_dispatch_writes_nothing(sched: Scheduler, db_url: str) -> None:
@@ -715,9 +715,9 @@ def test_lost_race_on_a_stale_dispatch_writes_nothing(sched: Scheduler, db_url: 
 
 
 def spread_one(app: Scheduler, snapshot: DueRow, now: datetime) -> tick_module.TickReport:
-    """PostgreSQL: the snapshot through the PostgreSQL dispatcher (one statement per fresh row,
+    """PostgreSQL: the snapshot through the PostgreSQL writer (one statement per fresh row,
     over connections at once)."""
-    return carry(app, snapshot, now, PostgresDispatcher())
+    return carry(app, snapshot, now, PostgresWriter())
 
 
 def fresh_then_stale(sched: Scheduler, run: Callable[..., tick_module.TickReport]) -> None:
@@ -732,13 +732,13 @@ def fresh_then_stale(sched: Scheduler, run: Callable[..., tick_module.TickReport
 
 
 def test_a_fresh_snapshot_dispatches_once_on_its_own(sched: Scheduler) -> None:
-    """A row carried out on its own connection (portable dispatcher): the fresh snapshot wins
+    """A row carried out on its own connection (portable writer): the fresh snapshot wins
     once; the same snapshot again is stale and writes nothing."""
     fresh_then_stale(sched, run_one)
 
 
 def test_a_fresh_snapshot_dispatches_once_spread(pg_url: str) -> None:
-    """The same through the PostgreSQL dispatcher (the tick's fresh rows, psycopg)."""
+    """The same through the PostgreSQL writer (the tick's fresh rows, psycopg)."""
     app = Scheduler(pg_url, registry=Registry())
     try:
         fresh_then_stale(with_handlers(app), spread_one)

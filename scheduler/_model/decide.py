@@ -5,7 +5,7 @@
 :class:`Decision`: the action, the values to write, and the decision-log entries that go with
 it (docs/howto/why-didnt-my-task-run.md). Carrying the decision out (the transaction, the
 compare-and-swap on the row's version that makes a stale snapshot lose, the entries written
-in that same transaction, the signals) is the dispatcher's part (``scheduler/_dispatch``).
+in that same transaction, the signals) is the writers' part (``scheduler/_store/writers/``).
 
 The rules, in order (docs/explanation/tick.md tells them for users):
 

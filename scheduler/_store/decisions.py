@@ -2,15 +2,14 @@
 
 Users read it in docs/howto/why-didnt-my-task-run.md.
 
-The tick's entries are written by the dispatchers (``scheduler/_dispatch``) in the transaction
-that carries the decision out, on the driver's cursor: a fresh dispatch's own ``dispatched``
-entry through a statement of four parameters taken from the dispatch's
-(``portable.DISPATCHED_ENTRY``; on PostgreSQL a CTE of the dispatch's one statement), the
-tick's other entries through :data:`INSERT`. The operators' entries (``paused`` at enable,
-``triggered``, ``disabled`` by hand) go through :func:`record` in the operator's
-transaction. :func:`recent` reads a row's newest entries (explain, the dashboard);
-:func:`purge` drops the entries older than the jobs' retention (by id range: no index on
-the entries' time, which every entry would pay for).
+The tick's entries are written by the decision writers (``scheduler/_store/writers/``) in the
+transaction that carries the decision out, on the driver's cursor: a fresh dispatch's own
+``dispatched`` entry through a statement of four parameters taken from the dispatch's
+(``portable.DISPATCHED_ENTRY``; on PostgreSQL a CTE of the dispatch's one statement), the tick's
+other entries through :data:`INSERT`. The operators' entries (``paused`` at enable, ``triggered``,
+``disabled`` by hand) go through :func:`record` in the operator's transaction. :func:`recent` reads
+a row's newest entries (explain, the dashboard); :func:`purge` drops the entries older than the
+jobs' retention (by id range: no index on the entries' time, which every entry would pay for).
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ class Capabilities:
     """One write transaction at a time (SQLite): more connections would only wait."""
     pipeline: bool = False
     """PostgreSQL through psycopg: statements can be sent on several connections at once from
-    one thread (``scheduler/_dispatch/pipeline.py``), each its own transaction."""
+    one thread (``scheduler/_store/pipeline.py``), each its own transaction."""
     autocommit_reads: bool = False
     """A read-only statement can run in the driver's autocommit (psycopg), skipping the BEGIN
     and COMMIT round trips."""
@@ -243,7 +243,8 @@ def _mysql_flavour(engine: Engine, dbapi_connection: Any) -> str:
 
 LOCAL_SETTINGS_KEY = "scheduler_local_settings"
 """In a pooled connection's ``info`` behind a transaction pooler: :func:`local_settings`, which
-a statement run in its own implicit transaction sends before it (``_dispatch/pipeline.py``)."""
+a statement run in its own implicit transaction sends before it
+(``scheduler/_store/pipeline.py``)."""
 
 
 def _settings_per_transaction(engine: Engine, database: DatabaseSettings) -> None:

@@ -161,7 +161,7 @@ class Worker:
         self._ticked_at: datetime | None = None
         self._avg_seconds: float | None = None  # moving average of handler run time
         self._slow_at = float("-inf")  # when a job last took SLOW_JOB_SECONDS or more
-        self._listening: _wakeup.Listening | None = None  # wake-ups (scheduler/_wakeup.py)
+        self._listening: _wakeup.Listening | None = None  # wake-ups (scheduler/_store/wakeup/)
         self._next_takeover = float("-inf")  # time.monotonic() of the next look for expiries
 
     def run(self, *, once: bool = False, install_signals: bool = False) -> WorkerResult:
@@ -231,7 +231,7 @@ class Worker:
             self.runner.coroutine_runner = self._events.run  # async hooks of sync handlers
 
     def _listen(self) -> None:
-        """Hear of new jobs at once (scheduler/_wakeup.py): each wake-up sets ``_wake``, as a
+        """Hear of new jobs at once (scheduler/_store/wakeup/): each wake-up sets ``_wake``, as a
         finished job does; the poll below stays as the safety net."""
         waiter = _wakeup.Waiter(
             self._wake, self.app.worker_settings.queues, self.app.clock, self._has_free

@@ -1,5 +1,5 @@
 """Signed session cookies and CSRF tokens, with the standard library only; the password hashes
-are ``scheduler/_passwords.py``'s (re-exported here). Sessions are a small JSON object
+are ``scheduler/_model/passwords.py``'s (re-exported here). Sessions are a small JSON object
 signed with HMAC-SHA256; the CSRF token is an HMAC of the session's random id, so a token from
 another (or an earlier) session never matches.
 """

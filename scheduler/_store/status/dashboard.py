@@ -22,7 +22,7 @@ PAGE_SIZE = 50
 STRIP_LENGTH = 12
 TASK_STATES = ("enabled", "disabled", "failing", "overdue", "held_back")
 """The Tasks page's filters; ``overdue`` and ``held_back`` are the rows ``status`` warns about
-(``_store/warned.py``, with its thresholds)."""
+(``scheduler/_store/status/warned.py``, with its thresholds)."""
 
 
 def _like(text: str) -> str:

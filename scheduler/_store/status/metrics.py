@@ -76,7 +76,8 @@ def _state_statement(now: datetime, postgresql: bool = False) -> Any:
 
 def _vacuum_selects(kind: Any, text: Any, no_text: Any) -> tuple[Any, ...]:
     """PostgreSQL: each scheduler table's dead row versions, and the age of the oldest
-    transaction holding the MVCC horizon (``_store/horizon.py``), as rows of the same union."""
+    transaction holding the MVCC horizon (``horizon.py`` beside this module), as rows of the same
+    union."""
     dead = _horizon.DEAD_TUPLES.subquery()
     no_time = type_coerce(null(), UTCDateTime)
     return (

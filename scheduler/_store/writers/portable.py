@@ -1,4 +1,4 @@
-"""The portable dispatcher: SQLAlchemy Core on every engine, each row in its own transaction.
+"""The portable writer: SQLAlchemy Core on every engine, each row in its own transaction.
 
 Every write to a row is a compare-and-swap on its version; a miss means another process wrote
 the row since the due query read it, and the row's transaction rolls back (``lost_race``):
@@ -454,7 +454,7 @@ def carry_out_row(
         return Outcome.HELD_BACK, None
     write = _WRITES.get(decision.action)
     if write is None:
-        raise NotImplementedError(f"no dispatcher writes {decision.action!r} yet")
+        raise NotImplementedError(f"no writer writes {decision.action!r} yet")
     try:
         with conn.begin():
             if write is _dispatch:  # on MariaDB its swap takes the row's lock, or fails at once
@@ -477,7 +477,7 @@ def carry_out_row(
         return Outcome.LOST_RACE, None
 
 
-class PortableDispatcher:
+class PortableWriter:
     """SQLAlchemy Core, every engine: each row in turn on one connection, or taken in due order
     by several connections on helper threads when more than one is configured."""
 

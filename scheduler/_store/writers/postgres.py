@@ -1,4 +1,4 @@
-"""The PostgreSQL dispatcher (psycopg): a fresh dispatch is one statement, and a batch's fresh
+"""The PostgreSQL writer (psycopg): a fresh dispatch is one statement, and a batch's fresh
 dispatches run at once over several connections.
 
 The statement is a data-modifying CTE: the row's compare-and-swap takes the new job's id from
@@ -128,7 +128,7 @@ def _params(row: DueRow, decision: Decision, work: Work) -> dict[str, Any]:
 _DISPATCH = PreparedSet(build_dispatch, Spread)
 
 
-class PostgresDispatcher:
+class PostgresWriter:
     """PostgreSQL with psycopg: the batch's fresh dispatches over several connections at once."""
 
     def carry_out(
