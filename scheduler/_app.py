@@ -14,10 +14,6 @@ from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import URL, Engine
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
-
 from . import signals
 from ._config import (
     AppConfig,
@@ -35,7 +31,7 @@ from ._model.handlers import AbandonedHook, F, Registry, TenantContext
 from ._model.job import Job, RecordedHook
 from ._model.rows import SyncPlan, TaskRow, TaskSpec
 from ._model.time import Clock, as_utc, iso
-from ._store import Store, make_engine
+from ._store import Engine, Store, make_engine
 from ._store import audit as _audit
 from ._store import clock as _clock
 from ._store import decisions as _decisions
@@ -46,7 +42,13 @@ from ._store import wakeup as _wakeup
 from ._store.audit import AuditEntry
 from ._store.caller import CallerTransaction, adopt
 from ._store.retry import retry
-from ._store.settings import DatabaseSettings, database_settings, normalize_database_url
+from ._store.settings import (
+    DatabaseSettings,
+    database_settings,
+    missing_database,
+    missing_driver,
+    normalize_database_url,
+)
 from ._store.status import health as _health
 
 if TYPE_CHECKING:
@@ -65,37 +67,6 @@ default_registry = Registry()
 log = logging.getLogger(__name__)
 
 
-def _missing_driver(url: str, source: str, exc: ImportError) -> str:
-    parsed = make_url(url)
-    ours = {"postgresql": ("postgres", "psycopg"), "mysql": ("mysql", "pymysql")}
-    extra, driver = ours.get(parsed.get_backend_name().replace("mariadb", "mysql"), ("", ""))
-    hint = ""
-    if extra and parsed.get_driver_name() == driver:
-        hint = f": pip install 'scheduler[{extra}]'"
-    elif extra:
-        scheme = parsed.get_backend_name()
-        hint = (
-            f": install it, or write {scheme}://… for {driver} (pip install 'scheduler[{extra}]')"
-        )
-    return f"{source}: the database driver is not installed ({exc}){hint}"
-
-
-def _missing_database(url: URL, exc: OperationalError) -> str | None:
-    """For a server that says the database does not exist: how to create it; else None."""
-    text = str(exc.orig)
-    backend, name = url.get_backend_name(), url.database or ""
-    host = f"-h {url.host or 'localhost'}" + (f" -p {url.port}" if url.port else "")
-    if backend == "postgresql" and f'database "{name}" does not exist' in text:
-        user = f" -U {url.username}" if url.username else ""
-        return f"create it with `createdb {host}{user} {name}`, then run `scheduler migrate`"
-    if backend in ("mysql", "mariadb") and "Unknown database" in text:
-        host = host.replace("-p ", "-P ")
-        user = f" -u {url.username}" if url.username else ""
-        create = f'mysql {host}{user} -e "CREATE DATABASE {name}"'
-        return f"create it with `{create}`, then run `scheduler migrate`"
-    return None
-
-
 #: Seconds of the clock between two records of this Scheduler's ticks (``Scheduler.tick``).
 TICK_RECORD_SECONDS = 5.0
 
@@ -104,7 +75,6 @@ _T = TypeVar("_T")
 
 _BACKFILL_ATTEMPTS = 20
 
-_INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
 
 #: The keys of an ``enqueue_many`` item: ``enqueue``'s arguments.
 ENQUEUE_KEYS = frozenset(
@@ -183,7 +153,7 @@ class Scheduler:
             try:
                 engine = make_engine(url, self.database_settings)
             except ImportError as exc:  # the URL's driver is not installed
-                raise ConfigError(_missing_driver(url, database_source, exc)) from None
+                raise ConfigError(missing_driver(url, database_source, exc)) from None
         self.store = Store(engine, self.database_settings)
         self.registry = registry if registry is not None else default_registry
         # The database's clock unless told otherwise (scheduler/_store/clock.py).
@@ -311,8 +281,8 @@ class Scheduler:
         except SchemaOutdated as exc:
             text = str(exc)
             raise SchemaOutdated(f"{where}: {text.removeprefix('database ')}") from None
-        except OperationalError as exc:
-            missing = _missing_database(self.store.engine.url, exc)
+        except Exception as exc:
+            missing = missing_database(self.store.engine.url, exc)
             if missing is None:
                 raise
             raise SchedulerError(f"{where} does not exist on the server: {missing}") from None
@@ -398,7 +368,7 @@ class Scheduler:
             return
         try:
             _health.record_tick(self.store, now, ticked_at, clock_offset=self.clock_offset())
-        except SQLAlchemyError as exc:  # the tick itself is done: worth a warning, no more
+        except Exception as exc:  # the tick itself is done: worth a warning, no more
             log.warning("could not record the tick for `status`: %s", exc)
             return
         self._tick_recorded_at = now
@@ -600,25 +570,11 @@ class Scheduler:
         tenant: str | None = None,
     ) -> dict[str, Any]:
         """A new job's column values, every argument checked (nothing is written here)."""
-        if not isinstance(handler, str) or not handler:
-            raise TypeError(f"handler: expected a non-empty string, got {handler!r}")
-        if run_at is not None and not isinstance(run_at, datetime):
-            raise TypeError(f"run_at: expected an aware datetime, got {type(run_at).__name__}")
-        for name, number in (("priority", priority), ("max_attempts", max_attempts)):
-            if number is None:
-                continue
-            if not isinstance(number, int) or isinstance(number, bool):
-                raise TypeError(f"{name}: expected an integer, got {number!r}")
-            if not _INT_MIN <= number <= _INT_MAX:  # an INTEGER column on every engine
-                raise ValueError(f"{name} {number} is outside {_INT_MIN}..{_INT_MAX}")
-        if tenant is not None:
-            _rules.check_tenant(tenant)
+        _rules.check_job(handler, run_at, priority, max_attempts, tenant)
         from ._model.payload import encode_payload
 
         text = encode_payload(payload, self.settings.payload_limit_bytes)
         default_attempts, default_queue = self._job_defaults(handler)
-        if max_attempts is not None and max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
         queue = queue or default_queue
         _rules.check_text(handler=handler, queue=queue, dedupe_key=dedupe_key)
         return _jobs.new_job_values(

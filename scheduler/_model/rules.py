@@ -15,6 +15,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -84,6 +85,28 @@ def check_integer(name: str, number: object) -> None:
         raise TypeError(f"{name}: expected an integer, got {number!r}")
     if not INT_MIN <= number <= INT_MAX:
         raise ValueError(f"{name} {number} is outside {INT_MIN}..{INT_MAX}")
+
+
+def check_job(
+    handler: object,
+    run_at: object,
+    priority: object,
+    max_attempts: object,
+    tenant: object,
+) -> None:
+    """A new job's arguments (``enqueue``, each item of ``enqueue_many``), checked before
+    anything is written: ``TypeError`` or ``ValueError`` naming the argument."""
+    if not isinstance(handler, str) or not handler:
+        raise TypeError(f"handler: expected a non-empty string, got {handler!r}")
+    if run_at is not None and not isinstance(run_at, datetime):
+        raise TypeError(f"run_at: expected an aware datetime, got {type(run_at).__name__}")
+    for name, number in (("priority", priority), ("max_attempts", max_attempts)):
+        if number is not None:
+            check_integer(name, number)
+    if isinstance(max_attempts, int) and max_attempts < 1:
+        raise ValueError("max_attempts must be at least 1")
+    if tenant is not None:
+        check_tenant(tenant)
 
 
 # Unicode category Cc: exactly C0, DEL and C1 (one regex search, not a lookup per character).

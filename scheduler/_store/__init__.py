@@ -7,8 +7,8 @@ Upper layers hold a :data:`Connection` only to pass it back in (a transaction th
 opened, or the caller's); they never build a statement on it.
 """
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 
 from .engine import Capabilities, Store, make_engine
 
-__all__ = ["Capabilities", "Connection", "Store", "make_engine"]
+__all__ = ["Capabilities", "Connection", "Engine", "Store", "make_engine"]

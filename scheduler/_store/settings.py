@@ -7,10 +7,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError
 from .._model.rules import Keys
+
+if TYPE_CHECKING:
+    from sqlalchemy import URL
 
 DEFAULT_URL = "sqlite:///scheduler.db"
 POOLER_MODES = ("none", "transaction")  # [database] pooler
@@ -129,3 +132,42 @@ def relative_sqlite_url(url: str, folder: str) -> str:
     ):
         return url
     return parsed.set(database=os.path.join(folder, database)).render_as_string(hide_password=False)
+
+
+def missing_driver(url: str, source: str, exc: ImportError) -> str:
+    """What to install for a URL whose driver is not installed, naming where the URL came
+    from."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    ours = {"postgresql": ("postgres", "psycopg"), "mysql": ("mysql", "pymysql")}
+    extra, driver = ours.get(parsed.get_backend_name().replace("mariadb", "mysql"), ("", ""))
+    hint = ""
+    if extra and parsed.get_driver_name() == driver:
+        hint = f": pip install 'scheduler[{extra}]'"
+    elif extra:
+        scheme = parsed.get_backend_name()
+        hint = (
+            f": install it, or write {scheme}://… for {driver} (pip install 'scheduler[{extra}]')"
+        )
+    return f"{source}: the database driver is not installed ({exc}){hint}"
+
+
+def missing_database(url: URL, exc: BaseException) -> str | None:
+    """For a server that says the database does not exist: how to create it; else None."""
+    from sqlalchemy.exc import OperationalError
+
+    if not isinstance(exc, OperationalError):
+        return None
+    text = str(exc.orig)
+    backend, name = url.get_backend_name(), url.database or ""
+    host = f"-h {url.host or 'localhost'}" + (f" -p {url.port}" if url.port else "")
+    if backend == "postgresql" and f'database "{name}" does not exist' in text:
+        user = f" -U {url.username}" if url.username else ""
+        return f"create it with `createdb {host}{user} {name}`, then run `scheduler migrate`"
+    if backend in ("mysql", "mariadb") and "Unknown database" in text:
+        host = host.replace("-p ", "-P ")
+        user = f" -u {url.username}" if url.username else ""
+        create = f'mysql {host}{user} -e "CREATE DATABASE {name}"'
+        return f"create it with `{create}`, then run `scheduler migrate`"
+    return None
