@@ -33,6 +33,7 @@ def test_explain_the_dashboard_and_status_show_the_same_next_fires(
     assert datetime.fromisoformat(row["next_run_at"]) == explained[0]
     if jitter:  # each fire is its own slot's jittered instant, not the first one's
         slots = [datetime.fromisoformat(f["slot"]) for f in app.explain("t")["next_fires"]]
-        assert all(slot <= at < slot + timedelta(seconds=jitter) for slot, at in zip(slots, shown))
-        assert len({at - slot for slot, at in zip(slots, shown)}) > 1
+        pairs = list(zip(slots, shown, strict=True))
+        assert all(slot <= at < slot + timedelta(seconds=jitter) for slot, at in pairs)
+        assert len({at - slot for slot, at in pairs}) > 1
     app.close()
