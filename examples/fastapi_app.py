@@ -1,7 +1,7 @@
 """A FastAPI shop: an order is saved and its receipt e-mail enqueued in one transaction, and
 the scheduler's worker runs inside the web process.
 
-    pip install 'scheduler[postgres]' fastapi uvicorn
+    pip install 'rerun-scheduler[postgres]' fastapi uvicorn
     export DATABASE_URL=postgresql+psycopg://app@db.example/shop   # or sqlite:///shop.db
     scheduler migrate                     # with SCHEDULER_DATABASE_URL=$DATABASE_URL, at deploy
     uvicorn examples.fastapi_app:app --workers 4

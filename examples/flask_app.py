@@ -1,7 +1,7 @@
 """A Flask shop: an order is saved and its receipt e-mail enqueued in one transaction, and
 the scheduler's worker runs inside the web process.
 
-    pip install 'scheduler[postgres]' flask
+    pip install 'rerun-scheduler[postgres]' flask
     export DATABASE_URL=postgresql+psycopg://app@db.example/shop   # or sqlite:///shop.db
     scheduler migrate                     # with SCHEDULER_DATABASE_URL=$DATABASE_URL, at deploy
     python examples/flask_app.py 8000     # or gunicorn: see docs/howto/flask.md

@@ -62,7 +62,7 @@ def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("scheduler")
+        return version("rerun-scheduler")
     except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
         return "0.0.0"
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics, from the official ``prometheus-client`` (``scheduler[metrics]``).
+"""Prometheus metrics, from the official ``prometheus-client`` (``rerun-scheduler[metrics]``).
 
 Their names and labels: docs/reference/metrics.md. The worker serves them at ``/metrics`` on
 ``[metrics] port``; a host application or the dashboard mounts :func:`asgi_app`. Importing

@@ -290,7 +290,7 @@ def test_a_database_that_does_not_exist_says_so_and_how_to_create_it(
         (
             "postgresql+pg8000://u@h/db",
             "the database driver is not installed (No module named 'pg8000'): install it, or"
-            " write postgresql://… for psycopg (pip install 'scheduler[postgres]')",
+            " write postgresql://… for psycopg (pip install 'rerun-scheduler[postgres]')",
         ),
     ],
 )

@@ -481,7 +481,7 @@ def test_wheel_installs_and_migrates_outside_the_checkout(tmp_path: Path):
     if importlib.util.find_spec("hatchling") is not None:
         build.append("--no-isolation")  # the build backend is here already: no download
     run([*build, str(ROOT)], cwd=tmp_path)
-    [wheel] = dist.glob("scheduler-*.whl")
+    [wheel] = dist.glob("rerun_scheduler-*.whl")
 
     venv = tmp_path / "venv"
     run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], cwd=tmp_path)

@@ -1,4 +1,4 @@
-"""Prometheus metrics, from the official ``prometheus-client`` (``scheduler[metrics]``).
+"""Prometheus metrics, from the official ``prometheus-client`` (``rerun-scheduler[metrics]``).
 
 Their names and labels: docs/reference/metrics.md.
 

@@ -144,11 +144,11 @@ def missing_driver(url: str, source: str, exc: ImportError) -> str:
     extra, driver = ours.get(parsed.get_backend_name().replace("mariadb", "mysql"), ("", ""))
     hint = ""
     if extra and parsed.get_driver_name() == driver:
-        hint = f": pip install 'scheduler[{extra}]'"
+        hint = f": pip install 'rerun-scheduler[{extra}]'"
     elif extra:
         scheme = parsed.get_backend_name()
         hint = (
-            f": install it, or write {scheme}://… for {driver} (pip install 'scheduler[{extra}]')"
+            f": install it, or write {scheme}://… for {driver} (pip install 'rerun-scheduler[{extra}]')"
         )
     return f"{source}: the database driver is not installed ({exc}){hint}"
 

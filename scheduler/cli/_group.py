@@ -157,7 +157,7 @@ def audited(command: Callable[..., Any]) -> Callable[..., Any]:
     envvar="SCHEDULER_LOG_LEVEL",
     help="Log level (logs go to stderr).",
 )
-@click.version_option(None, "--version", package_name="scheduler", prog_name="scheduler")
+@click.version_option(None, "--version", package_name="rerun-scheduler", prog_name="scheduler")
 @click.pass_context
 def cli(ctx: click.Context, config: str | None, debug: bool, log_level: str) -> None:
     """Recurring tasks with rerun-in-place, on a durable SQL job queue."""

@@ -96,7 +96,7 @@ def worker(state: State, once: bool, concurrency: int | None, allow_unknown_hand
 )
 @pass_state
 def dashboard(state: State, host: str | None, port: int | None, hash_password: bool) -> None:
-    """Serve the web dashboard (needs: pip install 'scheduler[dashboard]').
+    """Serve the web dashboard (needs: pip install 'rerun-scheduler[dashboard]').
 
     Read-only unless [dashboard] actions = true and a user signs in with [dashboard] username
     and password_hash (or $SCHEDULER_DASHBOARD_PASSWORD_HASH). Refuses an address other than
@@ -117,7 +117,7 @@ def dashboard(state: State, host: str | None, port: int | None, hash_password: b
         from ..dashboard import _web
     except ImportError as exc:
         raise ConfigError(
-            f"the dashboard needs its extra: pip install 'scheduler[dashboard]' ({exc})"
+            f"the dashboard needs its extra: pip install 'rerun-scheduler[dashboard]' ({exc})"
         ) from exc
     app = state.open()
     settings = app.dashboard_settings

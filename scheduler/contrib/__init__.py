@@ -1,1 +1,1 @@
-"""Integrations with frameworks, each behind its own extra (``scheduler[django]``)."""
+"""Integrations with frameworks, each behind its own extra (``rerun-scheduler[django]``)."""

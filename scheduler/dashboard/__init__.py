@@ -1,4 +1,4 @@
-"""The web dashboard (docs/howto/dashboard.md): ``pip install 'scheduler[dashboard]'``.
+"""The web dashboard (docs/howto/dashboard.md): ``pip install 'rerun-scheduler[dashboard]'``.
 
 ``create_app(app)`` returns an ASGI application to mount in a host application or to serve
 with uvicorn (``scheduler dashboard`` does). Starlette and Jinja2 are imported only when it is
@@ -28,6 +28,6 @@ def create_app(
         from ._web import create_app as build
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
         raise ImportError(
-            f"the dashboard needs its extra: pip install 'scheduler[dashboard]' ({exc})"
+            f"the dashboard needs its extra: pip install 'rerun-scheduler[dashboard]' ({exc})"
         ) from exc
     return build(app, settings, secret=secret)

@@ -73,7 +73,7 @@ def create_app(
 def _metrics_endpoint(
     app: Scheduler, creds: tuple[str, str] | None
 ) -> Callable[[Request], Awaitable[Response]] | None:
-    """``/metrics`` (Prometheus text) when ``scheduler[metrics]`` is installed, else None.
+    """``/metrics`` (Prometheus text) when ``rerun-scheduler[metrics]`` is installed, else None.
 
     A scraper has no session: with credentials configured it signs in with HTTP Basic (the
     dashboard's username and password, Prometheus' ``basic_auth``); without, it is as open as

@@ -28,7 +28,7 @@ def redis_module() -> Any:
     except ImportError:
         raise ImportError(
             "[broker] url is set but the redis package is not installed:"
-            " pip install 'scheduler[redis]'"
+            " pip install 'rerun-scheduler[redis]'"
         ) from None
     return redis
 

@@ -68,7 +68,7 @@ def listen(store: Store, waiter: Waiter) -> Listening:
         elif not have_psycopg():
             say_once(
                 "no_psycopg",
-                "wake-ups: LISTEN needs psycopg (pip install 'scheduler[postgres]'): workers"
+                "wake-ups: LISTEN needs psycopg (pip install 'rerun-scheduler[postgres]'): workers"
                 " look for new jobs once a second",
             )
         else:

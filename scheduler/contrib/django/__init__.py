@@ -1,4 +1,4 @@
-"""Django integration (``pip install 'scheduler[django]'``).
+"""Django integration (``pip install 'rerun-scheduler[django]'``).
 
 Add ``"scheduler.contrib.django"`` to ``INSTALLED_APPS`` and describe the scheduler in
 ``settings.SCHEDULER``: either ``{"config": "path/to/app.toml"}`` or the TOML file's keys
