@@ -27,6 +27,7 @@ from ._config import (
 )
 from ._errors import ConfigError, JobStateError, SchedulerError, SchemaOutdated, UnknownRow
 from ._model import rules as _rules
+from ._model.defaults import BACKFILL_MAX
 from ._model.handlers import AbandonedHook, F, Registry, TenantContext
 from ._model.job import Job, RecordedHook
 from ._model.rows import SyncPlan, TaskRow, TaskSpec
@@ -770,7 +771,7 @@ class Scheduler:
         end: datetime,
         *,
         dry_run: bool = False,
-        max_slots: int = _rules.BACKFILL_MAX,
+        max_slots: int = BACKFILL_MAX,
         reason: str | None = None,
         actor: str | None = None,
     ) -> _backfill.BackfillResult:

@@ -1,16 +1,15 @@
 """The rules every way in checks alike: the TOML file, a ``TaskSpec`` built in Python, the
 arguments of ``enqueue`` and of the operators' calls, the command line's options.
 
-A name, a text's length, a tenant id, a run policy, an integer that a column holds, a job's
-state, and the defaults the command line shows in its help. Only the standard library is
-imported here, so that ``scheduler --help`` imports neither SQLAlchemy nor Alembic nor
-croniter; the rules that need croniter (a cron expression, a zone) live in ``cron.py`` and are
-imported where a task is checked.
+A name, a text's length, a tenant id, a run policy, an integer that a column holds, a job's state
+(the defaults the command line shows in its help are ``defaults.py``'s). Only the standard library
+is imported here, so that ``scheduler --help`` imports neither SQLAlchemy nor Alembic nor croniter;
+the rules that need croniter (a cron expression, a zone) live in ``cron.py`` and are imported where
+a task is checked.
 """
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -20,14 +19,7 @@ from enum import StrEnum
 from typing import Any
 
 from .._errors import ConfigError
-
-# -- defaults the command line shows -------------------------------------------------------
-#: Jobs ``scheduler jobs`` and ``app.jobs()`` list unless told otherwise.
-LIST_LIMIT = 50
-#: Entries ``scheduler audit`` and ``app.audit()`` list unless told otherwise.
-AUDIT_LIMIT = 50
-#: The most slots one backfill takes unless told otherwise (``--max``).
-BACKFILL_MAX = 1000
+from .defaults import JOB_STATES
 
 
 # -- a job's states ------------------------------------------------------------------------
@@ -47,8 +39,7 @@ class JobState(StrEnum):
 
 QUEUED, CLAIMED = JobState.QUEUED, JobState.CLAIMED
 SUCCEEDED, ABORTED = JobState.SUCCEEDED, JobState.ABORTED
-#: The jobs' states, in their order.
-JOB_STATES: tuple[str, ...] = tuple(state.value for state in JobState)
+assert JOB_STATES == tuple(state.value for state in JobState)  # the help's list is the enum's
 STATES = (QUEUED, CLAIMED, SUCCEEDED, ABORTED)
 #: The states of a job still in flight (what holds a task back).
 IN_FLIGHT = frozenset({QUEUED, CLAIMED})
@@ -251,6 +242,8 @@ class Keys:
     def check_keys(self) -> Keys:
         for key in self.data:
             if key not in self.defaults:
+                import difflib  # only for a mistake: `scheduler --help` need not load it
+
                 close = difflib.get_close_matches(str(key), list(self.defaults), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise self.error(str(key), f"unknown key{hint}")

@@ -1,4 +1,5 @@
-"""OpenTelemetry traces (``rerun-scheduler[otel]``): a span per enqueue, and one per job run, its child.
+"""OpenTelemetry traces (``rerun-scheduler[otel]``): a span per enqueue, and one per job run,
+its child.
 
 Used only when the application configured OpenTelemetry: its ``opentelemetry.trace`` is
 imported and a tracer provider is set (``trace.set_tracer_provider``, or

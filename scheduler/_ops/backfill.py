@@ -27,7 +27,7 @@ from datetime import datetime
 from typing import Any
 
 from .._errors import SchedulerError, UnknownRow
-from .._model import rules as _limits
+from .._model import defaults as _limits
 from .._model import slots as _slots
 from .._model.time import iso
 from .._store import Connection

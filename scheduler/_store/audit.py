@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, insert, or_, select
 
-from .._model import rules as _limits
+from .._model import defaults as _limits
 from .._model.time import iso
 from .tables import audit
 

@@ -34,7 +34,7 @@ from sqlalchemy.sql.dml import Update
 from sqlalchemy.sql.elements import BindParameter
 
 from .._errors import JobStateError, SchedulerError
-from .._model import rules as _limits
+from .._model import defaults as _limits
 from .._model.job import Job
 from .._model.rules import ABORTED, CLAIMED, QUEUED, SUCCEEDED
 from . import bulk as _bulk

@@ -148,7 +148,8 @@ def missing_driver(url: str, source: str, exc: ImportError) -> str:
     elif extra:
         scheme = parsed.get_backend_name()
         hint = (
-            f": install it, or write {scheme}://… for {driver} (pip install 'rerun-scheduler[{extra}]')"
+            f": install it, or write {scheme}://… for {driver}"
+            f" (pip install 'rerun-scheduler[{extra}]')"
         )
     return f"{source}: the database driver is not installed ({exc}){hint}"
 

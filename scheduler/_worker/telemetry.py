@@ -42,7 +42,8 @@ class Telemetry:
             from .._observe import metrics
         except ImportError as exc:
             raise ConfigError(
-                f"{where}: metrics need prometheus-client ({exc}): pip install 'rerun-scheduler[metrics]'"
+                f"{where}: metrics need prometheus-client ({exc}):"
+                " pip install 'rerun-scheduler[metrics]'"
             ) from None
         self.metrics = metrics.metrics_for(self.app)
         self.metrics.known_handlers()  # the worker imported its handlers by now

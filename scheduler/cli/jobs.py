@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 
 import click
 
-from .._model.rules import AUDIT_LIMIT, BACKFILL_MAX, JOB_STATES, LIST_LIMIT
+from .._model.defaults import AUDIT_LIMIT, BACKFILL_MAX, JOB_STATES, LIST_LIMIT
 from .._model.time import in_zone, iso
 from ._group import State, audited, cli, pass_state, unknown_handlers
 from .output import job_dict, table, utc
