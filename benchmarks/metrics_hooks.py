@@ -27,8 +27,8 @@ from _bench import load, machine, median, parser, print_table, scratch_dir
 
 from scheduler import Scheduler, signals
 from scheduler._config import MetricsSettings
+from scheduler._model.ending import Ending as Outcome
 from scheduler._model.handlers import Registry
-from scheduler._model.job import Ending as Outcome
 from scheduler._worker.telemetry import Telemetry
 from scheduler._worker.worker import Worker
 from scheduler.metrics import metrics_for

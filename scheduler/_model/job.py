@@ -8,7 +8,6 @@ from datetime import datetime
 from typing import Any
 
 from .payload import decode_payload
-from .rules import QUEUED
 
 
 @dataclass(frozen=True)
@@ -60,27 +59,6 @@ class Job:
             slot=m.get("slot"),
             tenant=m.get("tenant"),
         )
-
-
-@dataclass(frozen=True)
-class Ending:
-    """How one attempt ended, before it is written."""
-
-    job: Job
-    started: datetime
-    state: str  # succeeded, aborted, or queued (a retry at retry_at)
-    code: str | None
-    retry_at: datetime | None = None
-    run_code: str | None = None  # the code for the run history, when it differs
-    abandoned: bool = False
-
-    @property
-    def result(self) -> str:
-        """How the attempt ended, as the run history, the metrics and the traces name it:
-        ``succeeded``, ``failed`` (a retry follows), ``aborted`` or ``abandoned``."""
-        if self.abandoned:
-            return "abandoned"
-        return "failed" if self.state == QUEUED else self.state
 
 
 RecordedHook = Callable[[list[tuple[Job, str]]], None]

@@ -26,7 +26,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .._model.job import Ending, Job
+    from .._model.ending import Ending
+    from .._model.job import Job
     from .._model.report import TickReport
 
 TRACER_NAME = "scheduler"

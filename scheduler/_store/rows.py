@@ -10,12 +10,13 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, insert, select, update
 
 from .._errors import ConfigError, SchedulerError, UnknownRow
-from .._model import check as _check
-from .._model import slots as _slots
 from .._model.payload import decode_payload
 from .._model.rows import SyncPlan, TaskRow
 from . import decisions as _decisions
 from .tables import jobs, rows
+
+# The model's slot and check modules (croniter's callers) are imported by the functions that
+# use them: `scheduler status` reads rows and needs neither.
 
 REASON_MANUAL = "manual"
 REASON_CONFIG = "disabled_in_config"
@@ -86,6 +87,8 @@ def _write(conn: Connection, name: str, now: datetime, **values: Any) -> None:
 def _log_paused(
     conn: Connection, name: str, slots: list[datetime], more: int, reason: str, now: datetime
 ) -> None:
+    from .._model import slots as _slots
+
     entries = [
         _decisions.entry_params(name, "paused", slot, now, None, reason, None) for slot in slots
     ]
@@ -102,6 +105,8 @@ def enable(
 ) -> bool:
     """Re-enable: reset the failure count and re-arm from now. The slots that passed while the
     row was disabled are logged as ``paused`` (and appended to `paused`, for the signals)."""
+    from .._model import slots as _slots
+
     row = get_row(conn, name)
     if row is None:
         raise UnknownRow(f"no task named {name!r} (run `scheduler sync`?)")
@@ -136,6 +141,8 @@ def disable(
     """Pause the row; ``note`` is the operator's reason (``disabled_note``, shown by status).
     A ``disabled`` entry goes in the decision log (reason `reason`, detail the note), for the
     slot the row was due at next (none for a row that was disabled already)."""
+    from .._model import slots as _slots
+
     row = get_row(conn, name)
     if row is None:
         raise UnknownRow(f"no task named {name!r} (run `scheduler sync`?)")
@@ -191,6 +198,8 @@ _PLACEHOLDER = {"qmark": "?", "format": "%s", "pyformat": "%s"}
 def check_task(task: Any, payload_limit: int, stored: Any = None) -> tuple[str, str | None]:
     """:func:`~scheduler._model.check.check_task`, told whether ``stored`` (the task's row as
     read, in ``_READ`` order, if it has one) keeps the task's handler, cron and timezone."""
+    from .._model import check as _check
+
     kept = (
         stored is not None
         and stored[_HANDLER] == task.handler
@@ -261,6 +270,8 @@ def sync(
     executemany writes the new rows, one per set of changed columns writes the changed ones,
     and one disables the rows gone from ``tasks``. Unchanged rows get no statement at all.
     """
+    from .._model import slots as _slots
+
     tasks = list(tasks)
     read = conn.execute(select(*(rows.c[c] for c in _READ))).all()
     existing = {r[0]: r for r in read}

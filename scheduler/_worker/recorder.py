@@ -7,7 +7,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from .._model.job import Ending
+from .._model.ending import Ending
 from .runner import Runner
 
 log = logging.getLogger(__name__)

@@ -23,8 +23,9 @@ from typing import Any
 from .. import signals
 from .._errors import LeaseLost, PermanentError
 from .._model.backoff import Backoff, delay_after
+from .._model.ending import Ending
 from .._model.handlers import Handler, Registry, error_code, is_async_callable
-from .._model.job import Ending, Job, RecordedHook
+from .._model.job import Job, RecordedHook
 from .._model.rules import ABORTED, QUEUED, SUCCEEDED
 from .._store import Connection, Store
 from .._store import jobs as _jobs

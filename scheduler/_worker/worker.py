@@ -49,7 +49,8 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._model.backoff import Backoff
-from .._model.job import Ending, Job
+from .._model.ending import Ending
+from .._model.job import Job
 from .._store import wakeup as _wakeup
 from .._store.retry import is_transient
 from .._store.status import health as _health

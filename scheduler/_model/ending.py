@@ -1,0 +1,31 @@
+"""How one attempt ended, before it is written: the runner decides it, the recorder writes it,
+the traces and the metrics read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from .job import Job
+from .rules import QUEUED
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How one attempt ended, before it is written."""
+
+    job: Job
+    started: datetime
+    state: str  # succeeded, aborted, or queued (a retry at retry_at)
+    code: str | None
+    retry_at: datetime | None = None
+    run_code: str | None = None  # the code for the run history, when it differs
+    abandoned: bool = False
+
+    @property
+    def result(self) -> str:
+        """How the attempt ended, as the run history, the metrics and the traces name it:
+        ``succeeded``, ``failed`` (a retry follows), ``aborted`` or ``abandoned``."""
+        if self.abandoned:
+            return "abandoned"
+        return "failed" if self.state == QUEUED else self.state
