@@ -30,7 +30,7 @@ from ._model import rules as _rules
 from ._model.defaults import BACKFILL_MAX
 from ._model.handlers import AbandonedHook, F, Registry, TenantContext
 from ._model.job import Job, RecordedHook
-from ._model.rows import SyncPlan, TaskRow, TaskSpec
+from ._model.rows import UNCHANGED, SyncPlan, TaskChange, TaskRow, TaskSpec
 from ._model.time import Clock, as_utc, iso
 from ._store import Engine, Store, make_engine
 from ._store import audit as _audit
@@ -90,6 +90,12 @@ def _sync_detail(path: str | None, plan: SyncPlan) -> str:
         if action != "unchanged"
     )
     return f"{path or 'tasks'}: {counts}"
+
+
+def _change_detail(change: TaskChange) -> str:
+    if change.action == "created":
+        return "created"
+    return f"updated: {', '.join(change.changed)}" if change.changed else "updated"
 
 
 def _backfill_detail(result: _backfill.BackfillResult) -> str:
@@ -314,13 +320,19 @@ class Scheduler:
         def attempt() -> SyncPlan:  # one transaction: a deadlock rolled all of it back
             with self.store.begin() as conn:
                 now = self.clock()
-                plan = _rows.sync(
-                    conn,
-                    chosen,
-                    now=now,
-                    payload_limit=self.settings.payload_limit_bytes,
-                    dry_run=dry_run,
-                )
+                try:
+                    plan = _rows.sync(
+                        conn,
+                        chosen,
+                        now=now,
+                        payload_limit=self.settings.payload_limit_bytes,
+                        dry_run=dry_run,
+                        preview=dry_run,
+                    )
+                except ConfigError as exc:  # the file's task: the error names the file too
+                    if tasks is None and self.config_path and not str(exc).startswith("/"):
+                        raise ConfigError(f"{self.config_path}: {exc}") from None
+                    raise
                 if not dry_run and (plan.insert or plan.update or plan.disable):
                     _audit.record(
                         conn,
@@ -333,7 +345,17 @@ class Scheduler:
                     )
                 return plan
 
-        plan = retry("sync", attempt)
+        try:
+            plan = retry("sync", attempt)
+        except _rows.NameTaken as taken:  # its transaction is gone: say which name, then
+            with self.store.read() as conn:
+                name = _rows.taken_name(conn, taken.names, _rows.FILE)
+            if name is None:
+                raise
+            error = _rows.name_taken_error(name)
+            if tasks is None and self.config_path:
+                raise ConfigError(f"{self.config_path}: {error}") from None
+            raise error from None
         for name, slot, reason in plan.paused:  # after the commit (never for a rollback)
             signals.send(signals.slot_skipped, name, slot=slot, decision="paused", reason=reason)
         return plan
@@ -490,9 +512,182 @@ class Scheduler:
         with self.store.read() as conn:
             return _rows.get_row(conn, name)
 
-    def rows(self) -> list[TaskRow]:
+    def rows(
+        self,
+        *,
+        source: str | None = None,
+        group: str | None = None,
+        tenant: str | None = None,
+        prefix: str | None = None,
+        limit: int | None = 50,
+        after: str | None = None,
+    ) -> list[TaskRow]:
+        """Rows by name, ``limit`` of them (``None``: all), each filter applied when given:
+        ``source`` (``file`` or ``api``), ``group``, ``tenant``, a name ``prefix``; ``after`` is
+        the last name of the previous page."""
+        if source is not None and source not in _rows.SOURCES:
+            raise ValueError(f"source {source!r}: expected one of {', '.join(_rows.SOURCES)}")
+        if limit is not None and limit < 1:
+            raise ValueError("limit must be at least 1")
         with self.store.read() as conn:
-            return _rows.all_rows(conn)
+            return _rows.list_rows(
+                conn,
+                source=source,
+                group=group,
+                tenant=tenant,
+                prefix=prefix,
+                limit=limit,
+                after=after,
+            )
+
+    # -- tasks as data: the application's own rows ----------------------------------------
+    def _owner(self) -> str:
+        """Who owns the file's rows, for messages: the configuration file's name."""
+        return os.path.basename(self.config_path) if self.config_path else "the file (sync)"
+
+    def _zoned(self, spec: TaskSpec) -> TaskSpec:
+        if not isinstance(spec, TaskSpec):
+            raise TypeError(f"expected a TaskSpec, got {type(spec).__name__}")
+        if spec.timezone is not None:
+            return spec
+        return dataclasses.replace(spec, timezone=self.settings.timezone)
+
+    def put_task(
+        self,
+        spec: TaskSpec,
+        *,
+        connection: Any = None,
+        dry_run: bool = False,
+        reason: str | None = None,
+        actor: str | None = None,
+    ) -> TaskChange:
+        """Create the task ``spec`` describes, or update the task of that name; the row is the
+        application's (``source`` ``api``), never the file's.
+
+        The spec is checked as a task of the file is (a ``ConfigError`` naming the task and the
+        key; nothing written). A name that belongs to a row of the file is a
+        :class:`SchedulerError`. An update keeps the sync's rules: a changed cron, zone or
+        jitter moves ``next_run_at`` to its first slot from now; a changed payload or handler
+        is used by the next dispatch (a rerun in place included); the failure count and an
+        automatic disable survive unless ``enabled`` changes. An unchanged spec writes nothing
+        and no audit entry. ``connection``: the caller's transaction (docs/explanation/
+        transactional-enqueue.md); ``dry_run`` writes nothing and returns the same change.
+        """
+        self.check_schema()
+        who, why = _audit.check(actor, reason)
+        chosen = self._zoned(spec)
+
+        def write(conn: Any) -> TaskChange:
+            now = self.clock()
+            before = _rows.get_row(conn, chosen.name)
+            plan = _rows.apply(
+                conn,
+                [chosen],
+                now=now,
+                payload_limit=self.settings.payload_limit_bytes,
+                source=_rows.API,
+                dry_run=dry_run,
+                owner_name=self._owner(),
+                preview=True,
+            )
+            if plan.unchanged:
+                fires = _rows.fires_of(before, now) if before is not None else ()
+                return TaskChange(UNCHANGED, before, fires, fires, chosen.name)
+            [found] = plan.changes
+            after = _rows.get_row(conn, chosen.name) if not dry_run else None
+            change = dataclasses.replace(found, row=after if not dry_run else before)
+            if not dry_run:
+                _audit.record(
+                    conn,
+                    now=now,
+                    actor=who,
+                    action="put_task",
+                    target=chosen.name,
+                    reason=why,
+                    detail=_change_detail(change),
+                )
+            return change
+
+        return self._write(f"put_task {chosen.name}", write, connection)
+
+    def put_tasks(
+        self,
+        specs: Iterable[TaskSpec],
+        *,
+        group: str | None = None,
+        replace: bool = False,
+        connection: Any = None,
+        dry_run: bool = False,
+        reason: str | None = None,
+        actor: str | None = None,
+    ) -> SyncPlan:
+        """Every spec as :meth:`put_task` does, in one transaction: all or nothing. With
+        ``group``, every spec gets that group; with ``replace=True`` the group's rows not in
+        ``specs`` are removed as :meth:`remove_task` removes them ("this customer's schedules
+        are exactly these"). Returns the plan: inserted, updated, unchanged and removed names
+        (``insert``, ``update``, ``unchanged``, ``remove``); one audit entry when it changed
+        anything."""
+        if replace and group is None:
+            raise ValueError("put_tasks(replace=True) needs a group: its rows not given go")
+        self.check_schema()
+        who, why = _audit.check(actor, reason)
+        chosen = [self._zoned(spec) for spec in specs]
+
+        def write(conn: Any) -> SyncPlan:
+            now = self.clock()
+            plan = _rows.apply(
+                conn,
+                chosen,
+                now=now,
+                payload_limit=self.settings.payload_limit_bytes,
+                source=_rows.API,
+                dry_run=dry_run,
+                group=group,
+                replace=replace,
+                owner_name=self._owner(),
+                preview=dry_run,
+            )
+            if not dry_run and (plan.insert or plan.update or plan.remove):
+                _audit.record(
+                    conn,
+                    now=now,
+                    actor=who,
+                    action="put_tasks",
+                    target=None,
+                    reason=why,
+                    detail=_sync_detail(f"group {group}" if group else "tasks", plan),
+                )
+            return plan
+
+        return self._write("put_tasks", write, connection)
+
+    def remove_task(
+        self,
+        name: str,
+        *,
+        connection: Any = None,
+        reason: str | None = None,
+        actor: str | None = None,
+    ) -> bool:
+        """Remove the application's task ``name``: no slot of it is dispatched once the removal
+        commits (also by a tick running meanwhile elsewhere), its queued jobs are cancelled
+        (code ``cancelled``), a running one finishes and is never rerun in place; its jobs, run
+        history, decisions and audit entries stay until their retention, and the name is free
+        at once. False if there is no such task; a task of the file is a
+        :class:`SchedulerError`."""
+        self.check_schema()
+        who, why = _audit.check(actor, reason)
+
+        def write(conn: Any) -> bool:
+            now = self.clock()
+            if not _rows.remove(conn, name, now):
+                if _rows.source_of(conn, name) == _rows.FILE:
+                    raise SchedulerError(f"task {name!r} is managed by {self._owner()}")
+                return False
+            _audit.record(conn, now=now, actor=who, action="remove_task", target=name, reason=why)
+            return True
+
+        return self._write(f"remove_task {name}", write, connection)
 
     def deliver_pending_alerts(self, older_than: float = 30.0) -> int:
         """Deliver ``row_disabled`` alerts whose receivers never ran (a crash after commit)."""

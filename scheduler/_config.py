@@ -325,6 +325,10 @@ def _tasks(data: list[Any], path: str, settings: SchedulerSettings) -> tuple[Tas
             table.check_keys()  # a misspelt key explains a missing name best
             raise
         table.where = f"{path}: task {name!r}"  # later errors name the task
+        if isinstance(item, dict) and "group" in item:
+            raise table.error(
+                "group", "only a task created at runtime (put_task) has a group, not the file's"
+            )
         table.check_keys()
         if name in seen:
             raise table.error("name", f"duplicate task name (also tasks[{seen[name]}])")

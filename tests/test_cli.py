@@ -137,7 +137,7 @@ def test_migrate_sync_tick_worker_status(db_url_sp: str, tmp_path: Path) -> None
     dry = ok(run_cli(tmp_path, "sync", "--dry-run"))
     assert dry.splitlines()[:2] == ["dry run: nothing written", "insert:    nightly"]
     reader = Scheduler(db_url_sp, registry=Registry())
-    assert reader.rows() == []
+    assert reader.rows(limit=None) == []
     assert ok(run_cli(tmp_path, "sync")).splitlines()[0] == "insert:    nightly"
     assert ok(run_cli(tmp_path, "tick")).splitlines()[0] == "dispatched: -"  # not due yet
     assert "triggered 'nightly'" in ok(run_cli(tmp_path, "trigger", "nightly"))

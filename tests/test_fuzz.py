@@ -396,7 +396,7 @@ def test_generated_toml_is_loaded_or_refused_with_one_config_error(
             assert snapshot(app.store) == before, "a failed sync left a partial write"
             raise
         else:
-            synced = {row.name: row for row in app.rows()}
+            synced = {row.name: row for row in app.rows(limit=None)}
             for task in config.tasks:
                 row = synced[task.name]
                 assert (row.handler, row.cron, row.timezone, row.payload) == (

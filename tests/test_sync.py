@@ -412,7 +412,7 @@ def test_a_first_sync_is_one_read_and_one_insert(sched: Scheduler) -> None:
     # The rows' read, their insert, and the sync's audit entry (SPEC §10), one transaction.
     assert [s.split()[0] for s in sql.seen] == ["SELECT", "INSERT", "INSERT"], sql.seen
     assert "scheduler_audit" in sql.seen[2]
-    assert len(sched.rows()) == 2000
+    assert len(sched.rows(limit=None)) == 2000
 
 
 def test_each_row_gets_its_own_next_run_at(sched: Scheduler) -> None:
@@ -425,7 +425,7 @@ def test_each_row_gets_its_own_next_run_at(sched: Scheduler) -> None:
     )
     tasks.append(TaskSpec("berlin-3am", "0 3 * * *", "ok", {}, "Europe/Berlin"))
     sched.sync(tasks)
-    stored = {r.name: r.next_run_at for r in sched.rows()}
+    stored = {r.name: r.next_run_at for r in sched.rows(limit=None)}
     assert stored == {t.name: _cron.next_after(t.cron, t.timezone, T0, t.name) for t in tasks}
     assert len(set(stored.values())) > 100  # the draws spread them
 
@@ -482,13 +482,13 @@ def test_a_failure_in_the_last_write_rolls_back_the_whole_sync(sched: Scheduler)
     assert snapshot(sched) == state
     plan = sched.sync(tasks)
     assert (len(plan.insert), plan.update, plan.disable) == (4_997, ["c-000001"], ["old"])
-    assert len(sched.rows()) == 5_001
+    assert len(sched.rows(limit=None)) == 5_001
 
 
 def test_many_changed_rows_are_updated_by_kind_of_change(sched: Scheduler) -> None:
     sched.sync(specs(400))
     at(sched, T0 + timedelta(minutes=7))
-    before = {r.name: r for r in sched.rows()}
+    before = {r.name: r for r in sched.rows(limit=None)}
     changed = specs(400)
     for i in range(0, 400, 4):  # a new payload: the schedule stays
         changed[i] = TaskSpec(changed[i].name, "H H * * *", "ok", {"v": 2}, changed[i].timezone)
@@ -505,7 +505,7 @@ def test_many_changed_rows_are_updated_by_kind_of_change(sched: Scheduler) -> No
     assert len(plan.update) == 300 and len(plan.unchanged) == 100
     # One UPDATE per kind of change, then the sync's audit entry.
     assert [s.split()[0] for s in sql.seen] == ["SELECT", "UPDATE", "UPDATE", "UPDATE", "INSERT"]
-    after = {r.name: r for r in sched.rows()}
+    after = {r.name: r for r in sched.rows(limit=None)}
     for i, t in enumerate(changed):
         old, new = before[t.name], after[t.name]
         if i % 4 == 3:

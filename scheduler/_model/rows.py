@@ -48,6 +48,9 @@ class TaskSpec:
         return self.overlap
 
     tenant: str | None = None  # whose task: its jobs carry it (``job.tenant``)
+    group: str | None = None
+    """The group of a task created at runtime (``put_task``, ``put_tasks(group=...)``): at most
+    200 characters; a task of the file has none."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,12 @@ class TaskRow:
     """Seconds of deterministic delay range per slot; 0: none."""
     disabled_note: str | None = None
     """The operator's words with a disable (``disable --reason``); cleared by ``enable``."""
+    tenant: str | None = None
+    """Whose task it is: its jobs carry it."""
+    source: str = "file"
+    """Who owns the row: ``file`` (the TOML file, ``sync``) or ``api`` (``put_task``)."""
+    group: str | None = None
+    """An ``api`` row's group (``put_tasks(group=...)``)."""
 
 
 @dataclass
@@ -92,14 +101,42 @@ class SyncPlan:
     paused: list[tuple[str, datetime, str]] = field(default_factory=list)
     """(row, slot, reason) of the slots that passed while a row the file re-enables was
     disabled: logged as ``paused``; ``Scheduler.sync`` sends ``slot_skipped`` for each."""
+    remove: list[str] = field(default_factory=list)
+    """The rows removed (``put_tasks(group=..., replace=True)``: the group's rows not given);
+    a sync never removes a row, it disables it."""
+    changes: list[TaskChange] = field(default_factory=list, repr=False, compare=False)
+    """Each changed task's change, with its fires before and after (a dry run's preview)."""
 
     def as_dict(self) -> dict[str, list[str]]:
-        return {
+        found = {
             "insert": self.insert,
             "update": self.update,
             "unchanged": self.unchanged,
             "disable": self.disable,
         }
+        if self.remove:
+            found["remove"] = self.remove
+        return found
+
+
+CREATED, UPDATED, UNCHANGED = "created", "updated", "unchanged"
+
+
+@dataclass(frozen=True)
+class TaskChange:
+    """What ``put_task`` did to one task (or, on a dry run, would do)."""
+
+    action: str
+    """``created``, ``updated`` or ``unchanged``."""
+    row: TaskRow | None
+    """The row after the change (as it would be, on a dry run; None for a removal)."""
+    fires_before: tuple[datetime, ...] = ()
+    """The next fires (aware UTC) of the schedule before the change; empty for a new row."""
+    fires_after: tuple[datetime, ...] = ()
+    """The next fires (aware UTC) of the schedule after it."""
+    name: str = ""
+    changed: tuple[str, ...] = ()
+    """The keys that changed (``cron``, ``payload``, ``enabled`` ...), for an update."""
 
 
 class DueRow(NamedTuple):

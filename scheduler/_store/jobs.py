@@ -801,3 +801,15 @@ def cancel(conn: Connection, job_id: int, *, now: datetime) -> Job:
 
 
 CANCELLED = "cancelled"
+
+
+def cancel_task_jobs(conn: Connection, name: str, now: datetime) -> int:
+    """Abort every ``queued`` job of the task ``name`` (a retry waiting out its back-off too)
+    with code ``cancelled``: its row was removed. A job a worker claims meanwhile is not
+    touched (the claim and this are both conditional on ``queued``). Returns how many."""
+    ended = conn.execute(
+        update(jobs)
+        .where(jobs.c.task_name == name, jobs.c.state == QUEUED)
+        .values(**_finished(ABORTED, now, CANCELLED))
+    )
+    return int(ended.rowcount)

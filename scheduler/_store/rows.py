@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Callable, Iterable
 from dataclasses import fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, insert, select, update
+from sqlalchemy import Connection, bindparam, delete, func, insert, select, true, update
+from sqlalchemy.exc import IntegrityError
 
 from .._errors import ConfigError, SchedulerError, UnknownRow
 from .._model.payload import decode_payload
-from .._model.rows import SyncPlan, TaskRow
+from .._model.rows import CREATED, UPDATED, SyncPlan, TaskChange, TaskRow
 from . import decisions as _decisions
+from . import jobs as _jobs
 from .tables import jobs, rows
 
 # The model's slot and check modules (croniter's callers) are imported by the functions that
@@ -26,7 +29,7 @@ _CONFIG_REASONS = (REASON_CONFIG, REASON_REMOVED)
 
 
 # The row's columns a TaskRow shows, and no others (each timestamp read costs a conversion).
-_VIEWED = tuple(f.name for f in fields(TaskRow) if f.name in rows.c)
+_VIEWED = (*(f.name for f in fields(TaskRow) if f.name in rows.c), "task_group")
 
 
 def _select_rows(*, payloads: bool = True) -> Any:
@@ -60,6 +63,9 @@ def _view(r: Any) -> TaskRow:
         catchup_window=m["catchup_window"],
         jitter=m["jitter"],
         disabled_note=m["disabled_note"],
+        tenant=m["tenant"],
+        source=m["source"],
+        group=m["task_group"],
     )
 
 
@@ -167,17 +173,30 @@ def trigger(conn: Connection, name: str, now: datetime) -> None:
     _decisions.record(conn, name, "triggered", now, now, reason=REASON_MANUAL)
 
 
-# -- sync ---------------------------------------------------------------------------------
+# -- sync and put: the rows of one owner made to match a list of tasks ----------------------
+FILE, API = "file", "api"
+"""The owners of rows: the file (``sync``) and the application (``put_task``, ``put_tasks``)."""
+SOURCES = (FILE, API)
+REASON_API = "disabled_by_api"
+"""Why an ``api`` row is disabled when its spec says ``enabled=False``."""
+# Disables that an owner put there and may lift again (a disable by the failure limit or by an
+# operator survives a sync or a put that does not change ``enabled``).
+_OWN_REASONS = {FILE: (REASON_CONFIG, REASON_REMOVED), API: (REASON_API,)}
+_DISABLED_BY = {FILE: REASON_CONFIG, API: REASON_API}
+
 # The columns a task's definition sets, compared in this order against the stored row.
 _DEFINITION: tuple[str, ...] = ("handler", "payload", "cron", "timezone", "concurrent")
 _DEFINITION += ("max_consecutive_failures", "tenant", "overlap", "catchup_window", "jitter")
+_DEFINITION += ("task_group",)
 # A change of one of these moves ``next_run_at``.
 _SCHEDULE = ("cron", "timezone", "jitter")
 # Not next_run_at: converting 100,000 instants costs a re-sync a fifth of its time, and only a
 # row the file re-enables needs it (read for those alone, before the writes).
-_READ = ("name", *_DEFINITION, "enabled", "disabled_reason")
-_ENABLED, _REASON = len(_DEFINITION) + 1, len(_DEFINITION) + 2
-_HANDLER, _CRON, _ZONE = (_READ.index(c) for c in ("handler", "cron", "timezone"))
+_READ = ("name", *_DEFINITION, "enabled", "disabled_reason", "source")
+_ENABLED, _REASON, _SOURCE = (len(_DEFINITION) + n for n in (1, 2, 3))
+_HANDLER, _CRON, _ZONE, _GROUP = (
+    _READ.index(c) for c in ("handler", "cron", "timezone", "task_group")
+)
 # A new row's columns, in the order of the tuples sync builds.
 _INSERTED = (
     "name",
@@ -190,9 +209,49 @@ _INSERTED = (
     "version",
     "created_at",
     "updated_at",
+    "source",
 )
 # Placeholders for positional parameters, by DB-API paramstyle.
 _PLACEHOLDER = {"qmark": "?", "format": "%s", "pyformat": "%s"}
+# Names per IN list when the rows of a few tasks are read by name.
+_CHUNK = 500
+# With more tasks than this, every row of the owner is read in one statement instead.
+_READ_ALL_ABOVE = 5_000
+MAX_GROUP = 200
+
+
+class NameTaken(SchedulerError):
+    """A new row's name is already a row of the other owner (found by the INSERT: the
+    transaction is lost; :func:`taken_name` says which, in a new one)."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__("a task's name is taken by a task of the other owner")
+        self.names = names
+
+
+def taken_name(conn: Connection, names: list[str], source: str) -> str | None:
+    """The first of ``names`` that a row of another owner than ``source`` has."""
+    for i in range(0, len(names), _CHUNK):
+        stmt = select(rows.c.name).where(
+            rows.c.name.in_(names[i : i + _CHUNK]), rows.c.source != source
+        )
+        found = conn.execute(stmt.order_by(rows.c.name).limit(1)).first()
+        if found is not None:
+            return str(found[0])
+    return None
+
+
+def name_taken_error(name: str) -> ConfigError:
+    """A task of the file whose name is the application's (put_task) task."""
+    return ConfigError(
+        f"task {name!r}: key 'name': a task created at runtime (put_task) has this name;"
+        " rename the file's task or remove that one first"
+    )
+
+
+class ManagedElsewhere(SchedulerError):
+    """The row belongs to the other owner (the file's to ``sync``, the application's to
+    ``put_task``)."""
 
 
 def check_task(task: Any, payload_limit: int, stored: Any = None) -> tuple[str, str | None]:
@@ -207,6 +266,404 @@ def check_task(task: Any, payload_limit: int, stored: Any = None) -> tuple[str, 
         and stored[_ZONE] == task.timezone
     )
     return _check.check_task(task, payload_limit, kept)
+
+
+def check_group(task: Any, source: str) -> str | None:
+    """The task's group, checked for its owner: a ``ConfigError`` naming the task and the
+    key for a group on a file task, or one over 200 characters."""
+    group = getattr(task, "group", None)
+    if group is None:
+        return None
+    if source == FILE:
+        raise ConfigError(
+            f"task {task.name!r}: key 'group': only a task created at runtime (put_task) has a"
+            " group"
+        )
+    if not isinstance(group, str) or not group.strip():
+        raise ConfigError(f"task {task.name!r}: key 'group': must be a non-empty string")
+    if len(group) > MAX_GROUP:
+        raise ConfigError(
+            f"task {task.name!r}: key 'group': longer than {MAX_GROUP} characters ({len(group)})"
+        )
+    return group
+
+
+def _read_existing(
+    conn: Connection,
+    names: list[str],
+    source: str,
+    group: str | None,
+    replace: bool,
+    others: bool = True,
+) -> dict[str, Any]:
+    """The stored rows (``_READ`` tuples) of the tasks' names, whoever owns them; and every
+    row of the owner that a sync (the file's rows) or a group's replacement may change.
+    Without ``others``, the owner's rows only (a sync, whose INSERT then finds a name that
+    the other owner holds: :class:`NameTaken`)."""
+    columns = [rows.c[c] for c in _READ]
+    found: dict[str, Any] = {}
+    if source == FILE or len(names) > _READ_ALL_ABOVE:
+        # The owner's rows in one read (the file's: through (source, name)).
+        for row in conn.execute(select(*columns).where(rows.c.source == source)):
+            found[row[0]] = row
+        others_names = [n for n in names if n not in found] if others else []
+        for i in range(0, len(others_names), _CHUNK):  # the names among the other owner's
+            chunk = others_names[i : i + _CHUNK]
+            stmt = select(*columns).where(rows.c.name.in_(chunk), rows.c.source != source)
+            found.update((row[0], row) for row in conn.execute(stmt))
+    else:
+        for i in range(0, len(names), _CHUNK):
+            stmt = select(*columns).where(rows.c.name.in_(names[i : i + _CHUNK]))
+            found.update((row[0], row) for row in conn.execute(stmt))
+    if replace and group is not None:
+        stmt = select(*columns).where(rows.c.task_group == group, rows.c.source == API)
+        found.update((row[0], row) for row in conn.execute(stmt))
+    return found
+
+
+def _next_runs_of(conn: Connection, names: list[str]) -> dict[str, datetime | None]:
+    """The stored ``next_run_at`` of these rows."""
+    found: dict[str, datetime | None] = {}
+    for i in range(0, len(names), _CHUNK):
+        chunk = names[i : i + _CHUNK]
+        stmt = select(rows.c.name, rows.c.next_run_at).where(rows.c.name.in_(chunk))
+        found.update((name, due) for name, due in conn.execute(stmt))
+    return found
+
+
+def apply(
+    conn: Connection,
+    tasks: Iterable[Any],
+    *,
+    now: datetime,
+    payload_limit: int,
+    source: str,
+    dry_run: bool = False,
+    group: str | None = None,
+    replace: bool = False,
+    owner_name: str = "app.toml",
+    preview: bool = False,
+) -> SyncPlan:
+    """Make one owner's rows match ``tasks`` (``TaskSpec`` objects) in this transaction.
+
+    ``source`` ``file`` is ``sync``: new tasks are inserted, changed ones updated, the file's
+    rows no longer in ``tasks`` disabled (``removed_from_config``); a task whose name is an
+    ``api`` row fails it (``ConfigError`` naming the task and ``name``). ``source`` ``api`` is
+    ``put_tasks``: each task is inserted or updated; with ``group`` every task gets that group,
+    and with ``replace`` the group's rows not in ``tasks`` are removed (their queued jobs
+    cancelled); a name of the file's rows is a :class:`ManagedElsewhere` (``owner_name``: the
+    file, for the message).
+
+    Every task is checked before anything is written. The rows are read once; then one
+    executemany writes the new rows, one per set of changed columns writes the changed ones,
+    and one disables (or removes) the rows gone. Unchanged rows get no statement at all.
+    ``preview`` fills ``plan.changes`` with each changed task's fires before and after.
+    """
+    from .._model import slots as _slots
+
+    tasks = list(tasks)
+    if group is not None and source == API:
+        tasks = [_in_group(task, group) for task in tasks]
+    names = [task.name for task in tasks]
+    # A sync reads the file's rows alone (one statement); a name of the application's makes
+    # its INSERT fail (NameTaken, told apart by the caller). A dry run looks it up instead.
+    existing = _read_existing(conn, names, source, group, replace, source != FILE or dry_run)
+    checked: list[tuple[str, str | None, str | None]] = []
+    seen: set[str] = set()
+    for task in tasks:
+        current = existing.get(task.name)
+        if current is not None and current[_SOURCE] != source:
+            if source == FILE:
+                raise name_taken_error(task.name)
+            raise ManagedElsewhere(f"task {task.name!r} is managed by {owner_name}")
+        payload, free = check_task(task, payload_limit, current)
+        checked.append((payload, free, check_group(task, source)))
+        if task.name in seen:
+            raise ConfigError(f"task {task.name!r}: key 'name': duplicate task name")
+        seen.add(task.name)
+    plan = SyncPlan()
+    own_reasons, disabled_by = _OWN_REASONS[source], _DISABLED_BY[source]
+    paused: list[tuple[Any, datetime | None, str]] = []
+    slots = _slots.FirstRuns(now)
+    inserts: list[tuple[Any, ...]] = []
+    updates: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    # (task, the keys it changes, its new next_run_at if it moves, whether it moves)
+    changed_tasks: list[tuple[Any, tuple[str, ...], datetime | None, bool]] = []
+    for task, (payload, free, task_group) in zip(tasks, checked, strict=True):
+        definition = (
+            task.handler,
+            payload,
+            task.cron,
+            task.timezone,
+            task.policy == "allow",  # concurrent: kept in step with overlap
+            task.max_consecutive_failures,
+            getattr(task, "tenant", None),
+            task.policy,
+            task.catchup_window,
+            task.jitter,
+            task_group,
+        )
+        current = existing.get(task.name)
+        if current is None:
+            plan.insert.append(task.name)
+            enabled = bool(task.enabled)
+            first = slots.next(task, free) if enabled or preview else None
+            if preview:
+                changed_tasks.append((task, (), first, True))
+            if not dry_run:
+                inserts.append(
+                    (
+                        task.name,
+                        *definition,
+                        enabled,
+                        None if enabled else disabled_by,
+                        None if enabled else now,
+                        slots.next(task, free),
+                        0,  # consecutive_failures
+                        1,  # version
+                        now,  # created_at
+                        now,  # updated_at
+                        source,
+                    )
+                )
+            continue
+        changes: dict[str, Any] = {}
+        if current[1:_ENABLED] != definition:
+            changes = {
+                column: value
+                for column, value, old in zip(
+                    _DEFINITION, definition, current[1:_ENABLED], strict=True
+                )
+                if old != value
+            }
+            if any(key in changes for key in _SCHEDULE):
+                changes["next_run_at"] = None  # computed below
+        was_enabled = bool(current[_ENABLED])
+        if task.enabled and not was_enabled and current[_REASON] in own_reasons:
+            if not dry_run:  # the slots that passed while the owner had it disabled
+                paused.append((task, None, current[_REASON]))
+            changes.update(
+                enabled=True,
+                disabled_reason=None,
+                disabled_at=None,
+                consecutive_failures=0,
+                next_run_at=None,
+            )
+        elif not task.enabled and was_enabled:
+            changes.update(enabled=False, disabled_reason=disabled_by, disabled_at=now)
+        if not changes:
+            plan.unchanged.append(task.name)
+            continue
+        plan.update.append(task.name)
+        if "next_run_at" in changes:
+            changes["next_run_at"] = slots.next(task, free)
+        if preview:
+            keys = tuple(sorted(_shown(c) for c in changes if c in _SHOWN))
+            moves = "next_run_at" in changes
+            changed_tasks.append((task, keys, changes.get("next_run_at"), moves))
+        if not dry_run:
+            params = {f"b_{column}": value for column, value in changes.items()}
+            params["b_name"] = task.name
+            updates.setdefault(tuple(changes), []).append(params)
+    removed: list[dict[str, Any]] = []
+    gone: list[str] = []
+    for name, current in existing.items():
+        if name in seen or current[_SOURCE] != source:
+            continue
+        if source == FILE:
+            if current[_ENABLED]:
+                plan.disable.append(name)
+                removed.append({"b_name": name})
+            else:
+                plan.unchanged.append(name)
+        elif replace and group is not None and current[_GROUP] == group:
+            plan.remove.append(name)
+            gone.append(name)
+    if preview:
+        plan.changes = _previews(conn, changed_tasks, existing, now)
+    if dry_run:
+        return plan
+    if paused:  # the re-enabled rows' due instants, before the updates below move them
+        was = _next_runs_of(conn, [task.name for task, _due, _reason in paused])
+        paused = [(task, was.get(task.name), reason) for task, _due, reason in paused]
+    if inserts:
+        try:
+            _insert_many(conn, inserts)
+        except IntegrityError as exc:  # a name unique among the owner's is the other's
+            raise NameTaken([row[0] for row in inserts]) from exc
+    for columns, changed in updates.items():
+        conn.execute(_update_by_name(now, columns), changed)
+    if removed:
+        fixed = dict(enabled=False, disabled_reason=REASON_REMOVED, disabled_at=now)
+        conn.execute(_update_by_name(now, (), **fixed), removed)
+    for name in gone:
+        remove(conn, name, now)
+    for task, was_due, reason in paused:
+        passed, more = _slots.passed_slots(task, was_due, now)
+        _log_paused(conn, task.name, passed, more, reason, now)
+        plan.paused.extend((task.name, slot, reason) for slot in passed)
+    return plan
+
+
+def sync(
+    conn: Connection,
+    tasks: Iterable[Any],
+    *,
+    now: datetime,
+    payload_limit: int,
+    dry_run: bool = False,
+    preview: bool = False,
+) -> SyncPlan:
+    """Make the file's rows match ``tasks``: :func:`apply` for the owner ``file``."""
+    return apply(
+        conn,
+        tasks,
+        now=now,
+        payload_limit=payload_limit,
+        source=FILE,
+        dry_run=dry_run,
+        preview=preview,
+    )
+
+
+# The keys a change names (the columns of the definition, as the spec calls them).
+_SHOWN = {c: c for c in (*_DEFINITION, "enabled")} | {"task_group": "group"}
+
+
+def _shown(column: str) -> str:
+    return _SHOWN[column]
+
+
+def _in_group(task: Any, group: str) -> Any:
+    """``task`` with ``group`` (put_tasks(group=...)): a spec given another group is refused."""
+    own = getattr(task, "group", None)
+    if own is not None and own != group:
+        raise ConfigError(
+            f"task {task.name!r}: key 'group': {own!r}, but put_tasks was given group {group!r}"
+        )
+    return task if own == group else dataclasses.replace(task, group=group)
+
+
+PREVIEW_FIRES = 5
+"""Fires a change shows before and after."""
+
+
+def _previews(
+    conn: Connection,
+    changed: list[tuple[Any, tuple[str, ...], datetime | None, bool]],
+    existing: dict[str, Any],
+    now: datetime,
+) -> list[TaskChange]:
+    """Each changed task's fires before (its stored schedule) and after (the new one)."""
+    from .._model import slots as _slots
+
+    stored = _next_runs_of(conn, [t.name for t, _k, _a, _m in changed if t.name in existing])
+    found: list[TaskChange] = []
+    for task, keys, after_due, moves in changed:
+        current = existing.get(task.name)
+        before: tuple[datetime, ...] = ()
+        if current is not None and current[_ENABLED]:
+            jitter = current[_READ.index("jitter")]
+            old = _Schedule(task.name, current[_CRON], current[_ZONE], jitter)
+            fires = _slots.next_fires(old, now, PREVIEW_FIRES, next_run_at=stored.get(task.name))
+            before = tuple(fire.at for fire in fires)
+        enabled = task.enabled if current is None or "enabled" in keys else bool(current[_ENABLED])
+        after: tuple[datetime, ...] = ()
+        if enabled:
+            due = after_due if moves else stored.get(task.name)
+            fires = _slots.next_fires(task, now, PREVIEW_FIRES, next_run_at=due)
+            after = tuple(fire.at for fire in fires)
+        action = CREATED if current is None else UPDATED
+        found.append(TaskChange(action, None, before, after, task.name, keys))
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class _Schedule:
+    name: str
+    cron: str
+    timezone: str
+    jitter: int
+
+
+def enabled_handlers(
+    conn: Connection, unknown: Callable[[str], bool] = lambda _handler: True
+) -> dict[str, tuple[list[str], int]]:
+    """Per handler the enabled rows name: how many do, and, for the handlers ``unknown``
+    says yes to, the first three of their names (one statement, and one per such handler)."""
+    first = func.min(rows.c.name)
+    counted = conn.execute(
+        select(rows.c.handler, func.count(), first)
+        .where(rows.c.enabled == true())
+        .group_by(rows.c.handler)
+        .order_by(first)  # in the order of the tasks that name them
+    ).all()
+    found: dict[str, tuple[list[str], int]] = {}
+    for handler, count, _first in counted:
+        names: list[str] = []
+        if unknown(handler):
+            stmt = select(rows.c.name).where(rows.c.enabled == true(), rows.c.handler == handler)
+            names = list(conn.execute(stmt.order_by(rows.c.name).limit(3)).scalars())
+        found[handler] = (names, int(count))
+    return found
+
+
+def fires_of(row: TaskRow, now: datetime) -> tuple[datetime, ...]:
+    """A stored row's next :data:`PREVIEW_FIRES` fires (none while it is disabled)."""
+    from .._model import slots as _slots
+
+    if not row.enabled:
+        return ()
+    fires = _slots.next_fires(row, now, PREVIEW_FIRES, next_run_at=row.next_run_at)
+    return tuple(fire.at for fire in fires)
+
+
+def list_rows(
+    conn: Connection,
+    *,
+    source: str | None = None,
+    group: str | None = None,
+    tenant: str | None = None,
+    prefix: str | None = None,
+    limit: int | None = 50,
+    after: str | None = None,
+) -> list[TaskRow]:
+    """Rows by name, filtered by each argument given, from the name after ``after``: one
+    statement through the name's index (or the group's, the tenant's: each pages by name)."""
+    stmt = _select_rows().order_by(rows.c.name)
+    if source is not None:
+        stmt = stmt.where(rows.c.source == source)
+    if group is not None:
+        stmt = stmt.where(rows.c.task_group == group)
+    if tenant is not None:
+        stmt = stmt.where(rows.c.tenant == tenant)
+    if prefix:
+        # The lower bound positions the scan in the name's index whatever the collation; the
+        # LIKE keeps the names that start with the prefix.
+        stmt = stmt.where(rows.c.name >= prefix, rows.c.name.startswith(prefix, autoescape=True))
+    if after is not None:
+        stmt = stmt.where(rows.c.name > after)
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    return [_view(r) for r in conn.execute(stmt)]
+
+
+# -- removal -------------------------------------------------------------------------------
+def remove(conn: Connection, name: str, now: datetime) -> int:
+    """Delete the ``api`` row ``name`` and cancel its queued jobs (code ``cancelled``); its
+    jobs, runs, decisions and audit entries stay until their retention. A tick that read the
+    row before this commits writes nothing for it (its compare-and-swap finds no row). Returns
+    how many rows were deleted (0 or 1)."""
+    deleted = conn.execute(delete(rows).where(rows.c.name == name, rows.c.source == API)).rowcount
+    if deleted:
+        _jobs.cancel_task_jobs(conn, name, now)
+    return int(deleted)
+
+
+def source_of(conn: Connection, name: str) -> str | None:
+    """Who owns the row ``name`` (``file`` or ``api``), or None without one."""
+    found = conn.execute(select(rows.c.source).where(rows.c.name == name)).first()
+    return None if found is None else str(found[0])
 
 
 def _insert_many(conn: Connection, values: list[tuple[Any, ...]]) -> None:
@@ -254,131 +711,3 @@ def _update_by_name(now: datetime, columns: Iterable[str], **fixed: Any) -> Any:
         .where(rows.c.name == _by_name("name"))
         .values(version=rows.c.version + 1, updated_at=now, **values, **fixed)
     )
-
-
-def sync(
-    conn: Connection,
-    tasks: Iterable[Any],
-    *,
-    now: datetime,
-    payload_limit: int,
-    dry_run: bool = False,
-) -> SyncPlan:
-    """Make the rows match ``tasks`` (validated ``TaskSpec`` objects) in one transaction.
-
-    Every task is checked before anything is written. The rows are read once; then one
-    executemany writes the new rows, one per set of changed columns writes the changed ones,
-    and one disables the rows gone from ``tasks``. Unchanged rows get no statement at all.
-    """
-    from .._model import slots as _slots
-
-    tasks = list(tasks)
-    read = conn.execute(select(*(rows.c[c] for c in _READ))).all()
-    existing = {r[0]: r for r in read}
-    checked: list[tuple[str, str | None]] = []
-    seen: set[str] = set()
-    for task in tasks:
-        checked.append(check_task(task, payload_limit, existing.get(task.name)))
-        if task.name in seen:
-            raise ConfigError(f"task {task.name!r}: key 'name': duplicate task name")
-        seen.add(task.name)
-    plan = SyncPlan()
-    paused: list[tuple[Any, datetime | None, str]] = []
-    slots = _slots.FirstRuns(now)
-    inserts: list[tuple[Any, ...]] = []
-    updates: dict[tuple[str, ...], list[dict[str, Any]]] = {}
-    for task, (payload, free) in zip(tasks, checked, strict=True):
-        definition = (
-            task.handler,
-            payload,
-            task.cron,
-            task.timezone,
-            task.policy == "allow",  # concurrent: kept in step with overlap
-            task.max_consecutive_failures,
-            getattr(task, "tenant", None),
-            task.policy,
-            task.catchup_window,
-            task.jitter,
-        )
-        current = existing.get(task.name)
-        if current is None:
-            plan.insert.append(task.name)
-            if not dry_run:
-                enabled = bool(task.enabled)
-                inserts.append(
-                    (
-                        task.name,
-                        *definition,
-                        enabled,
-                        None if enabled else REASON_CONFIG,
-                        None if enabled else now,
-                        slots.next(task, free),
-                        0,  # consecutive_failures
-                        1,  # version
-                        now,  # created_at
-                        now,  # updated_at
-                    )
-                )
-            continue
-        changes: dict[str, Any] = {}
-        if current[1:_ENABLED] != definition:
-            changes = {
-                column: value
-                for column, value, old in zip(
-                    _DEFINITION, definition, current[1:_ENABLED], strict=True
-                )
-                if old != value
-            }
-            if any(key in changes for key in _SCHEDULE):
-                changes["next_run_at"] = None  # computed below, unless dry
-        was_enabled = bool(current[_ENABLED])
-        if task.enabled and not was_enabled and current[_REASON] in _CONFIG_REASONS:
-            if not dry_run:  # the slots that passed while the file had it disabled
-                paused.append((task, None, current[_REASON]))
-            changes.update(
-                enabled=True,
-                disabled_reason=None,
-                disabled_at=None,
-                consecutive_failures=0,
-                next_run_at=None,
-            )
-        elif not task.enabled and was_enabled:
-            changes.update(enabled=False, disabled_reason=REASON_CONFIG, disabled_at=now)
-        if not changes:
-            plan.unchanged.append(task.name)
-            continue
-        plan.update.append(task.name)
-        if not dry_run:
-            if "next_run_at" in changes:
-                changes["next_run_at"] = slots.next(task, free)
-            params = {f"b_{column}": value for column, value in changes.items()}
-            params["b_name"] = task.name
-            updates.setdefault(tuple(changes), []).append(params)
-    removed: list[dict[str, Any]] = []
-    for name, current in existing.items():
-        if name in seen:
-            continue
-        if current[_ENABLED]:
-            plan.disable.append(name)
-            removed.append({"b_name": name})
-        else:
-            plan.unchanged.append(name)
-    if dry_run:
-        return plan
-    if paused:  # the re-enabled rows' due instants, before the updates below move them
-        names = [task.name for task, _due, _reason in paused]
-        found = conn.execute(select(rows.c.name, rows.c.next_run_at).where(rows.c.name.in_(names)))
-        was = {name: due for name, due in found}
-        paused = [(task, was.get(task.name), reason) for task, _due, reason in paused]
-    if inserts:
-        _insert_many(conn, inserts)
-    for columns, changed in updates.items():
-        conn.execute(_update_by_name(now, columns), changed)
-    if removed:
-        fixed = dict(enabled=False, disabled_reason=REASON_REMOVED, disabled_at=now)
-        conn.execute(_update_by_name(now, (), **fixed), removed)
-    for task, was_due, reason in paused:
-        passed, more = _slots.passed_slots(task, was_due, now)
-        _log_paused(conn, task.name, passed, more, reason, now)
-        plan.paused.extend((task.name, slot, reason) for slot in passed)
-    return plan

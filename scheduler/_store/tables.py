@@ -185,9 +185,16 @@ rows = Table(
     # The operator's words with a disable (``disable --reason``).
     Column("disabled_note", String(500)),
     Column("tenant", String(63)),
+    # Who owns the row (revision 0008): "file" (sync) or "api" (put_task); an api row's group.
+    Column("source", String(8), nullable=False, server_default="file"),
+    Column("task_group", UniqueKey),
     # The due query's order, id included (revision 0007): a burst's rows share one
     # next_run_at, and its keyset pagination goes on from (next_run_at, id).
     Index("ix_scheduler_rows_due", "enabled", "next_run_at", "id"),
+    # A sync reads the file's rows alone; rows(group=/tenant=) page by name (revision 0008).
+    Index("ix_scheduler_rows_source", "source", "name"),
+    Index("ix_scheduler_rows_group", "task_group", "name"),
+    Index("ix_scheduler_rows_tenant", "tenant", "name"),
 )
 
 decisions = Table(

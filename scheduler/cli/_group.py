@@ -169,32 +169,49 @@ def cli(ctx: click.Context, config: str | None, debug: bool, log_level: str) -> 
     ctx.call_on_close(state.close)
 
 
-def unknown_handlers(app: Scheduler, tasks: Iterable[tuple[str, str]]) -> list[str]:
+Users = dict[str, tuple[list[str], int]]
+"""Per handler: the first names of the tasks that use it (up to three), and how many do."""
+
+
+def users_of(tasks: Iterable[tuple[str, str]]) -> Users:
+    """:data:`Users` of a list of (task name, handler)."""
+    found: Users = {}
+    for name, handler in tasks:
+        names, count = found.get(handler, ([], 0))
+        if len(names) < 3:
+            names.append(name)
+        found[handler] = (names, count + 1)
+    return found
+
+
+def unknown_handlers(app: Scheduler, users: Users) -> list[str]:
     """One line per handler that no imported module registered, naming the tasks that use it
     (the first three, and how many more: a task per customer must not print 100,000 lines)."""
     imports = app.worker_settings.imports
     where = f"[worker] imports ({', '.join(imports)})" if imports else "[worker] imports (none)"
     known = app.registry.names()
-    users: dict[str, list[str]] = {}
-    for name, handler in tasks:
-        if handler not in app.registry:
-            users.setdefault(handler, []).append(name)
     found = []
-    for handler, names in users.items():
+    for handler, (names, count) in users.items():
+        if handler in app.registry:
+            continue
         close = difflib.get_close_matches(handler, known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        if len(names) == 1:
+        if count == 1:
             who = f"task {names[0]!r}: handler {handler!r}"
         else:
             shown = ", ".join(repr(n) for n in names[:3])
-            more = f" and {len(names) - 3:,} more" if len(names) > 3 else ""
-            who = f"tasks {shown}{more} ({len(names):,}): handler {handler!r}"
+            more = f" and {count - 3:,} more" if count > 3 else ""
+            who = f"tasks {shown}{more} ({count:,}): handler {handler!r}"
         found.append(f"{who} is not registered by {where}{hint}")
     return found
 
 
-def enabled_rows(app: Scheduler) -> list[tuple[str, str]]:
-    return [(row.name, row.handler) for row in app.rows() if row.enabled]
+def enabled_rows(app: Scheduler) -> Users:
+    """The handlers the enabled rows name (two statements whatever the number of rows)."""
+    from .._store import rows as _rows
+
+    with app.store.read() as conn:
+        return _rows.enabled_handlers(conn, unknown=lambda h: h not in app.registry)
 
 
 def hard_exit(code: int) -> NoReturn:

@@ -11,7 +11,7 @@ import click
 
 from .._model.defaults import AUDIT_LIMIT, BACKFILL_MAX, JOB_STATES, LIST_LIMIT
 from .._model.time import in_zone, iso
-from ._group import State, audited, cli, pass_state, unknown_handlers
+from ._group import State, audited, cli, pass_state, unknown_handlers, users_of
 from .output import job_dict, table, utc
 
 
@@ -226,7 +226,7 @@ def backfill(
         actor=actor,
     )
     if row is not None and result.enqueued:  # their jobs would abort with no_handler
-        for problem in unknown_handlers(app, [(row.name, row.handler)]):
+        for problem in unknown_handlers(app, users_of([(row.name, row.handler)])):
             click.echo(f"warning: {problem}", err=True)
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))

@@ -8,7 +8,16 @@ import json
 import click
 
 from . import output
-from ._group import State, audited, cli, describe, enabled_rows, pass_state, unknown_handlers
+from ._group import (
+    State,
+    audited,
+    cli,
+    describe,
+    enabled_rows,
+    pass_state,
+    unknown_handlers,
+    users_of,
+)
 from .output import POLICY_OUTCOMES
 
 
@@ -29,7 +38,8 @@ def sync(state: State, dry_run: bool, reason: str | None, actor: str | None) -> 
     except ImportError as exc:
         problems = [f"handlers not checked: {describe(exc)}"]
     else:
-        problems = unknown_handlers(app, [(t.name, t.handler) for t in app.tasks if t.enabled])
+        enabled = [(t.name, t.handler) for t in app.tasks if t.enabled]
+        problems = unknown_handlers(app, users_of(enabled))
     plan = app.sync(dry_run=dry_run, reason=reason, actor=actor)
     if dry_run:
         click.echo("dry run: nothing written")
