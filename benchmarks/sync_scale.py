@@ -273,8 +273,9 @@ def run_engine(
             cell = cells.setdefault(f"cli {case}", Cell())
             cell.seconds.append(seconds)
             cell.cpu.append(cpu)
-        if len(app.rows(limit=None)) != n:
-            raise RuntimeError(f"{db.label}: scheduler sync left {len(app.rows(limit=None))} rows, not {n}")
+        left = len(app.rows(limit=None))
+        if left != n:
+            raise RuntimeError(f"{db.label}: scheduler sync left {left} rows, not {n}")
         seconds, cpu = load_only(toml)
         cell = cells.setdefault("load_config", Cell())
         cell.seconds.append(seconds)

@@ -264,7 +264,7 @@ def test_status_refuses_an_outdated_schema(tmp_path: Path) -> None:
 
 def test_status_without_rows_warns_the_same_and_lists_none(app: Scheduler) -> None:
     """The dashboard's health read: the same counts and warnings, an empty row list; and the
-    row views status reads carry no payload (it shows none), while app.rows(limit=None) still does."""
+    row views status reads carry no payload (it shows none), while app.rows() still does."""
     from scheduler import TaskSpec
 
     app.sync([TaskSpec("t", "* * * * *", "h", {"k": "v"}, "UTC")])
