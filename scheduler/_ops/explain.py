@@ -194,6 +194,9 @@ def build(found: Read, now: datetime, global_limit: int) -> dict[str, Any]:
     )
     return {
         "name": row.name,
+        "source": row.source,
+        "group": row.group,
+        "tenant": row.tenant,
         "state": sentence,
         "tone": tone,
         "enabled": row.enabled,

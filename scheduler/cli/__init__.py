@@ -14,7 +14,7 @@ the current directory. Every error is one line on stderr (``error: ...``) and ex
 
 from __future__ import annotations
 
-from . import jobs, serve, tasks  # noqa: F401 - each registers its commands on the group
+from . import jobs, runtime, serve, tasks  # noqa: F401 - each registers its commands
 from ._group import cli, console, describe, main
 
 __all__ = ["cli", "console", "describe", "main"]

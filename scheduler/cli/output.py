@@ -29,6 +29,12 @@ def print_explain(data: dict[str, Any]) -> None:
     jitter = f"{p['jitter']} s" if p["jitter"] else "off"
     limit = p["max_consecutive_failures"] or "unlimited"
     click.echo(f"task {data['name']}: {data['state']}")
+    if data.get("source") == "api":
+        owner = "created at runtime (put_task)"
+        extra = "".join(
+            f", {key} {data[key]}" for key in ("group", "tenant") if data.get(key) is not None
+        )
+        click.echo(f"owner: {owner}{extra}")
     click.echo(
         f"policies: overlap {p['overlap']}, catchup_window {window}, jitter {jitter},"
         f" max_consecutive_failures {limit}; cron {p['cron']!r} in {p['timezone']}"
@@ -142,3 +148,38 @@ def job_dict(job: Job) -> dict[str, Any]:
         if isinstance(value, datetime):
             data[key] = iso(value)
     return data
+
+
+def fires_side_by_side(
+    name: str,
+    zone: str,
+    changed: tuple[str, ...],
+    before: tuple[datetime, ...],
+    after: tuple[datetime, ...],
+    action: str = "updated",
+) -> None:
+    """A change's next fires before and after it, side by side: each in the task's zone and in
+    UTC, a fire where the zone's offset differs from the previous one's marked ``DST``."""
+    what = ", ".join(changed) if changed else action
+    click.echo(f"\n{name} ({what}), next fires in {zone} | UTC:")
+    left = _fire_lines(before, zone) or ["(none: new or disabled)"]
+    right = _fire_lines(after, zone) or ["(none: disabled)"]
+    width = max(len(line) for line in [*left, "before"])
+    click.echo(f"  {'before':<{width}}  after")
+    for i in range(max(len(left), len(right))):
+        a = left[i] if i < len(left) else ""
+        b = right[i] if i < len(right) else ""
+        mark = "" if a == b else "  *"
+        click.echo(f"  {a:<{width}}  {b}{mark}".rstrip())
+
+
+def _fire_lines(fires: tuple[datetime, ...], zone: str) -> list[str]:
+    found = []
+    tz = ZoneInfo(zone)
+    previous = None
+    for at in fires:
+        local = in_zone(at, tz)
+        shift = " DST" if previous is not None and local.utcoffset() != previous else ""
+        previous = local.utcoffset()
+        found.append(f"{local:%a %Y-%m-%d %H:%M:%S %Z} | {at:%H:%M:%S}Z{shift}")
+    return found

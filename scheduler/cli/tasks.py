@@ -44,6 +44,16 @@ def sync(state: State, dry_run: bool, reason: str | None, actor: str | None) -> 
     if dry_run:
         click.echo("dry run: nothing written")
     output.lines(plan.as_dict())
+    zones = {task.name: task.timezone or app.settings.timezone for task in app.tasks}
+    for change in plan.changes if dry_run else ():  # each change's fires, before and after
+        output.fires_side_by_side(
+            change.name,
+            zones.get(change.name, "UTC"),
+            change.changed,
+            change.fires_before,
+            change.fires_after,
+            change.action,
+        )
     for problem in problems:
         click.echo(f"warning: {problem}", err=True)
 

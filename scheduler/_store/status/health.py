@@ -156,6 +156,9 @@ def _row(row: TaskRow, backfilled: str | None = None) -> dict[str, Any]:
         # slot (docs/explanation/tick.md).
         "failing": failing,
         "last_error_code": row.last_error_code if row.last_job_state == ABORTED else None,
+        "source": row.source,  # file (the TOML file) or api (put_task)
+        "group": row.group,
+        "tenant": row.tenant,
     }
 
 
