@@ -78,8 +78,9 @@ def run_help(prog: str, *args: str) -> str:
     return result.stdout.rstrip() + "\n"
 
 
-def command_names(top_help: str) -> list[str]:
-    """The names listed under "Commands:" in the top-level help, in their order."""
+def command_names(top_help: str, required: bool = True) -> list[str]:
+    """The names listed under "Commands:" in a help text (the top-level one, or a group's), in
+    their order."""
     names: list[str] = []
     in_commands = False
     for line in top_help.splitlines():
@@ -92,7 +93,7 @@ def command_names(top_help: str) -> list[str]:
                 names.append(match.group(1))
             elif line.strip() and not line.startswith("   "):
                 break
-    if not names:
+    if not names and required:
         sys.exit("gen_cli_reference: no commands found in `scheduler --help`")
     return names
 
@@ -103,7 +104,11 @@ def render() -> str:
     parts = [INTRO, "## `scheduler`\n", "```text\n" + top + "```\n"]
     for name in command_names(top):
         parts.append(f"## `scheduler {name}`\n")
-        parts.append("```text\n" + run_help(prog, name) + "```\n")
+        shown = run_help(prog, name)
+        parts.append("```text\n" + shown + "```\n")
+        for sub in command_names(shown, required=False):  # a group's commands (tasks ...)
+            parts.append(f"### `scheduler {name} {sub}`\n")
+            parts.append("```text\n" + run_help(prog, name, sub) + "```\n")
     return "\n".join(parts)
 
 
