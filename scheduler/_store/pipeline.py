@@ -281,13 +281,7 @@ class _Lane:
                 outcome = failed
         except OperationalError as exc:  # the connection broke
             outcome = driver_error(self.conn, self.spread.sql, self.args, exc)
-        self.busy = False
-        results[self.index] = outcome
-        if isinstance(outcome, BaseException):
-            self.usable = not self.conn.invalidated
-        else:
-            for listener in self.events[1]:
-                listener(self.conn, self.cursor, self.spread.sql, self.args, None, False)
+        self._settle(results, outcome)
         return True
 
     def _receive_pipeline(self, results: list[Any]) -> bool:
@@ -321,6 +315,12 @@ class _Lane:
         except OperationalError as exc:  # the connection broke
             self.outcome = driver_error(self.conn, self.spread.sql, self.args, exc)
         outcome, self.outcome = self.outcome, None
+        self._settle(results, outcome)
+        return True
+
+    def _settle(self, results: list[Any], outcome: Any) -> None:
+        """The statement's outcome is in: the connection is free again, a failed one is usable
+        only if it was not closed, a success is told to the after-execute listeners."""
         self.busy = False
         results[self.index] = outcome
         if isinstance(outcome, BaseException):
@@ -328,7 +328,6 @@ class _Lane:
         else:
             for listener in self.events[1]:
                 listener(self.conn, self.cursor, self.spread.sql, self.args, None, False)
-        return True
 
     def error(self, result: Any) -> BaseException:
         """SQLAlchemy's exception for a failed result (a lost connection is invalidated)."""
