@@ -9,7 +9,7 @@ file; PostgreSQL and MariaDB (``SCHEDULER_BENCH_PG`` / ``SCHEDULER_BENCH_MYSQL``
 defaulting to the test servers) are measured if reachable, in a database of their own
 (``scheduler_bench``, created if missing) so no other data is touched.
 
-``tests/test_queue.py`` pins these figures: a change in cost per job fails it.
+``tests/store/test_queue.py`` pins these figures: a change in cost per job fails it.
 """
 
 from __future__ import annotations

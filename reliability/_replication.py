@@ -17,7 +17,7 @@ the standby has it too.
 Clients use :meth:`Pair.url`: both hosts with ``target_session_attrs=read-write``, so a new
 connection goes to whichever server accepts writes. Everything is stopped (``pg_ctl stop -m
 immediate``, or ``kill -9`` of the postmasters this object started) and removed by
-:meth:`Pair.stop`. Used by ``tests/test_failover.py`` and ``reliability/failover.py``.
+:meth:`Pair.stop`. Used by ``tests/store/test_failover.py`` and ``reliability/failover.py``.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def hash_free(expr: str, name: str) -> str:
     check or a next slot computed for one holds for the other. `expr` itself without H fields.
 
     The fields go through croniter's own ``HashExpander``, as ``croniter(expr, hash_id=...)``
-    does; tests/test_cron_hash.py pins that the two expand alike.
+    does; tests/model/test_cron_hash.py pins that the two expand alike.
     """
     hashed = _hashed_fields(expr)
     if not hashed:

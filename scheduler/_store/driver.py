@@ -22,7 +22,7 @@ compiled statement's ``binds`` and ``positiontup``, a bind type's ``dialect_impl
 the connection's ``dispatch`` of cursor listeners (called with the signature
 ``Connection.execute`` uses), ``DBAPIError.instance``, ``Pool._invalidate`` (what
 ``Connection.execute`` calls on a disconnect), and a dialect class made again with another
-``paramstyle``. tests/test_driver.py pins each of them
+``paramstyle``. tests/store/test_driver.py pins each of them
 (``test_the_sqlalchemy_behaviour_this_adapter_relies_on``), so an upgrade that changes one
 fails a test, not a tick.
 """

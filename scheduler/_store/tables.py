@@ -89,7 +89,7 @@ Payload = _Payload()
 # MariaDB indexes every row). The migrations write it (`sqlite_where=`, `postgresql_where=`);
 # here it is declared in `Index.info` rather than by those arguments, because SQLAlchemy
 # imports a dialect's whole package to check an argument named after it: PostgreSQL's, ~20 ms
-# of every command on SQLite. tests/test_migrations.py checks that each engine's migrated
+# of every command on SQLite. tests/store/test_migrations.py checks that each engine's migrated
 # indexes have exactly these conditions (alembic's comparison does not look at them).
 PARTIAL_WHERE = "where"
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.cli import COMMAND, run_cli, write_config
 from sqlalchemy import create_engine, inspect, select
 
 import scheduler
@@ -21,53 +22,6 @@ from scheduler import Scheduler
 from scheduler._model.handlers import Registry
 from scheduler._store.migrate import head_revision
 from scheduler._store.tables import workers
-
-COMMAND = [sys.executable, "-m", "scheduler.cli"]
-
-JOBS_MODULE = """
-import pathlib, time
-from scheduler import default_registry
-
-@default_registry.handler("t.ok", retry_safe=True)
-def ok(job):
-    pass
-
-@default_registry.handler("t.slow", retry_safe=True)
-def slow(job):
-    pathlib.Path(job.payload["started"]).touch()
-    time.sleep(job.payload["seconds"])
-"""
-
-
-def write_config(
-    directory: Path, url: str, *, tasks: str = "", worker: str = "", name: str = "app.toml"
-) -> Path:
-    """A config whose handlers come from ``cli_jobs.py`` in ``directory``."""
-    (directory / "cli_jobs.py").write_text(JOBS_MODULE)
-    path = directory / name
-    path.write_text(
-        f'[database]\nurl = "{url}"\n\n[scheduler]\ntick_interval = 0.2\n\n'
-        f'[worker]\nimports = ["cli_jobs"]\nlease_seconds = 5\n{worker}\n{tasks}'
-    )
-    return path
-
-
-def run_cli(
-    cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    clean = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("SCHEDULER_CONFIG", "SCHEDULER_DATABASE_URL")
-    }
-    return subprocess.run(
-        [*COMMAND, *args],
-        cwd=cwd,
-        env={**clean, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def run_all(cwd: Path, *commands: list[str]) -> list[subprocess.CompletedProcess[str]]:

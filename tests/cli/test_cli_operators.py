@@ -8,53 +8,16 @@ Every refusal is one line on stderr, exit status 1, and leaves the database as i
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.cli import Cli
 from sqlalchemy import func, select, update
 
 from scheduler import JobStateError, PermanentError, Scheduler, UnknownRow
 from scheduler._model.handlers import Registry
 from scheduler._store.tables import audit, jobs
-from scheduler.cli import main
-
-
-class Cli:
-    """``scheduler --config FILE ...`` in this process: (exit status, stdout, stderr)."""
-
-    def __init__(self, config: Path, capsys: pytest.CaptureFixture[str]) -> None:
-        self.config = config
-        self.capsys = capsys
-
-    def __call__(self, *args: str) -> tuple[int, str, str]:
-        root = logging.getLogger()
-        handlers = list(root.handlers)
-        try:
-            main(["--config", str(self.config), *args])
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        finally:
-            for handler in root.handlers[:]:  # the CLI adds a stderr handler each time
-                if handler not in handlers:
-                    root.removeHandler(handler)
-        out = self.capsys.readouterr()
-        return code, out.out, out.err
-
-    def ok(self, *args: str) -> str:
-        code, out, err = self(*args)
-        assert code == 0, err
-        return out
-
-    def refused(self, *args: str) -> str:
-        code, out, err = self(*args)
-        lines = err.strip().splitlines()
-        assert code != 0 and len(lines) == 1, (code, out, err)
-        assert "Traceback" not in err
-        return lines[0]
-
 
 TASKS = """
 [[tasks]]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.dashboard_client import client
 from sqlalchemy import event, update
 from starlette.testclient import TestClient
 
@@ -59,10 +60,6 @@ def app(db_url_sp: str) -> Iterator[Scheduler]:
     seed(scheduler)
     yield scheduler
     scheduler.close()
-
-
-def client(app: Scheduler, **settings: Any) -> TestClient:
-    return TestClient(create_app(app, DashboardSettings(**settings)), follow_redirects=False)
 
 
 def csrf_of(html: str) -> str:

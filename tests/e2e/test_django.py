@@ -1,4 +1,4 @@
-"""``scheduler.contrib.django`` in a real Django project (``tests/djangoproject``), run as
+"""``scheduler.contrib.django`` in a real Django project (``tests/helpers/djangoproject``), run as
 users run theirs: ``manage.py`` in a subprocess, and ``runserver`` driven over HTTP.
 
 - ``manage.py scheduler COMMAND`` runs the scheduler's commands with ``settings.SCHEDULER``;
@@ -25,9 +25,9 @@ from typing import Any
 import httpx2
 import pytest
 from conftest import make_url
+from helpers.redis_server import RedisServer
+from helpers.redis_server import redis_server as redis_server  # the fixture
 from sqlalchemy import create_engine, text
-from test_wakeup import RedisServer
-from test_wakeup import redis_server as redis_server  # the fixture
 
 from scheduler import Scheduler
 from scheduler._model.handlers import Registry
@@ -36,7 +36,7 @@ from scheduler._store import wakeup as _wakeup
 pytest.importorskip("django")
 
 pytestmark = pytest.mark.slow
-PROJECT = Path(__file__).resolve().parent / "djangoproject"
+PROJECT = Path(__file__).resolve().parents[1] / "helpers" / "djangoproject"
 DJANGO_TABLES = ("shop_order", "django_content_type", "django_migrations")
 
 

@@ -25,7 +25,7 @@ from scheduler import Scheduler
 from scheduler._model.handlers import Registry
 from scheduler._store.tables import jobs, workers
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-TUTORIAL = Path(__file__).resolve().parent.parent / "docs" / "tutorial.md"
+TUTORIAL = Path(__file__).resolve().parents[2] / "docs" / "tutorial.md"
 BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.DOTALL)
 VARYING = [
     (re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(\.\d+)?Z?( UTC)?"), "<time>"),

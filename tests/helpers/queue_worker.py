@@ -2,7 +2,7 @@
 
 As a script, a worker that gets killed mid-job::
 
-    python helpers_worker.py crash URL HANDLER RETRY_SAFE MARKER_DIR LEASE_SECONDS
+    python queue_worker.py crash URL HANDLER RETRY_SAFE MARKER_DIR LEASE_SECONDS
 
 It registers ``HANDLER`` (``RETRY_SAFE`` is ``1`` or ``0``) whose body appends ``run <pid>`` to
 ``MARKER_DIR/HANDLER.runs``, creates ``MARKER_DIR/HANDLER.started``, then sleeps for a minute:

@@ -1,4 +1,4 @@
-"""A worker process for the wake-up tests and benchmark: ``python tests/wakeup_worker.py URL
+"""A worker process for the wake-up tests and benchmark: ``python tests/helpers/wakeup_worker.py URL
 OUT [--poll S] [--broker URL] [--concurrency N] [--off]``.
 
 Runs a :class:`~scheduler._worker.Worker` on ``URL`` with one handler, ``wake.stamp``, which
@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from scheduler import Scheduler
 from scheduler._model.handlers import Registry

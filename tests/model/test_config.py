@@ -20,7 +20,7 @@ from scheduler._config import (
 from scheduler._errors import ConfigError
 from scheduler._model.rows import TaskSpec
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "app.example.toml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "app.example.toml"
 TASK = '[[tasks]]\nname = "x"\ncron = "0 3 * * *"\nhandler = "h"\n'
 
 

@@ -10,7 +10,7 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SUFFIXES = {".md", ".py", ".toml", ".txt", ".html", ".service", ".yml", ".yaml", ".sh", ".cfg"}
 SKIP = {".git", ".venv", "node_modules", "__pycache__", ".pytest_cache"}
 # pip install scheduler, 'scheduler[postgres]', "scheduler[dashboard]"; a bare `scheduler[x]`

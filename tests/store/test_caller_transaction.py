@@ -23,13 +23,9 @@ from typing import Any
 
 import pytest
 from conftest import MYSQL_SERVER, PG_SERVER, SERVERS
+from helpers.orders import app_metadata, orders
 from sqlalchemy import (
-    Column,
     Engine,
-    Integer,
-    MetaData,
-    String,
-    Table,
     create_engine,
     delete,
     func,
@@ -46,15 +42,6 @@ from scheduler.testing import ManualClock
 
 T0 = datetime(2030, 1, 7, 12, 0, 0, tzinfo=UTC)
 DAILY = TaskSpec("nightly", "0 3 * * *", "works", {"v": 1}, "UTC")
-
-# The application's own table, beside the scheduler's, in the same database.
-app_metadata = MetaData()
-orders = Table(
-    "app_orders",
-    app_metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("item", String(100), nullable=False),
-)
 
 
 @pytest.fixture
@@ -508,7 +495,7 @@ from sqlalchemy import create_engine, insert, text
 from scheduler import Scheduler
 from scheduler._model.handlers import Registry
 sys.path.insert(0, {tests!r})
-from test_caller_transaction import orders
+from helpers.orders import orders
 url = sys.argv[1]
 app = Scheduler(url, registry=Registry())
 with create_engine(url).connect() as conn:
@@ -527,7 +514,7 @@ def test_a_caller_killed_before_its_commit_leaves_no_job_and_no_row(
     sched: Scheduler, engine: Engine, db_url: str, tmp_path: Path
 ) -> None:
     script = tmp_path / "caller.py"
-    script.write_text(CRASH_SCRIPT.format(tests=str(Path(__file__).resolve().parent)))
+    script.write_text(CRASH_SCRIPT.format(tests=str(Path(__file__).resolve().parents[1])))
     proc = subprocess.Popen(
         [sys.executable, str(script), db_url],
         stdout=subprocess.PIPE,

@@ -3,30 +3,17 @@ same events and the same exceptions as ``Connection.execute``, on every engine."
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import bindparam, create_engine, event, insert, select, text
+from helpers.job_statements import INSERT, NOW
+from sqlalchemy import bindparam, create_engine, event, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from scheduler import Scheduler
 from scheduler._store.driver import Prepared, PreparedSet
 from scheduler._store.tables import UTCDateTime, jobs
 
-NOW = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
-
-INSERT = insert(jobs).values(
-    handler=bindparam("p_handler", type_=jobs.c.handler.type),
-    payload=bindparam("p_payload", type_=jobs.c.payload.type),
-    queue=bindparam("p_queue", type_=jobs.c.queue.type),
-    priority=bindparam("p_priority", type_=jobs.c.priority.type),
-    run_at=bindparam("p_now", type_=UTCDateTime()),
-    state=bindparam("p_state", type_=jobs.c.state.type),
-    attempts=bindparam("p_attempts", type_=jobs.c.attempts.type),
-    max_attempts=bindparam("p_attempts", type_=jobs.c.max_attempts.type),
-    created_at=bindparam("p_now", type_=UTCDateTime()),
-)
 VALUES = {
     "p_handler": "h",
     "p_payload": "{}",

@@ -26,7 +26,7 @@ from scheduler import Scheduler, TaskSpec
 from scheduler._model.handlers import Registry
 from scheduler._store.driver import read_only_server
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "reliability"))
 
 import _replication  # noqa: E402

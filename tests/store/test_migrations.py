@@ -29,7 +29,7 @@ from scheduler._model.handlers import Registry
 from scheduler._store.migrate import VERSION_TABLE, current_revision, downgrade, head_revision
 from scheduler._store.tables import PARTIAL_WHERE, UTCDateTime, jobs, metadata
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OURS = {t.name for t in metadata.sorted_tables}
 _names = itertools.count()
 

@@ -2,7 +2,7 @@
 tasks while a second connection holds a row lock (then, separately, a job lock) for 10 s.
 
 Every time judged here is the database server's: the insert time of each job as a trigger
-recorded it (``issue17_helpers.record_inserts``), and the finish times the worker wrote on the
+recorded it (``helpers.server_clock.record_inserts``), and the finish times the worker wrote on the
 database's clock. Not a benchmark: the bound is 2 x ``tick_interval``, the promise itself.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from issue17_helpers import finish, read_jsonl, record_inserts, server_now, start_worker
+from helpers.server_clock import finish, read_jsonl, record_inserts, server_now, start_worker
 from sqlalchemy import create_engine, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError

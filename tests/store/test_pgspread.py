@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from helpers.job_statements import INSERT as INSERT_JOB
 from sqlalchemy import Connection, create_engine, event, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
-from test_driver import INSERT as INSERT_JOB
 
 from scheduler import Scheduler
 from scheduler._model.handlers import Registry
@@ -19,7 +19,7 @@ from scheduler._store.tables import jobs
 
 NOW = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 
-INSERT = INSERT_JOB.returning(jobs.c.id)  # test_driver's, returning the new id
+INSERT = INSERT_JOB.returning(jobs.c.id)  # returning the new id
 
 
 def values(i: int, **changes: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import pgbouncer_url
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "reliability"))
 
 import pooler_load  # noqa: E402

@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from freezegun import freeze_time
-from helpers_worker import RACE_HANDLER, Clock, race_worker, read_lines
+from helpers.queue_worker import RACE_HANDLER, Clock, race_worker, read_lines
 from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
@@ -34,7 +34,7 @@ from scheduler._store.tables import jobs, metadata, runs
 from scheduler._worker.runner import RunningJob
 
 T0 = datetime(2030, 1, 7, 12, 0, 0, 250_000, tzinfo=UTC)
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from scheduler._model.handlers import Registry
 from scheduler._store.tables import rows
 from scheduler.testing import ManualClock, capture_signals
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "reliability"))
 
 import connection_cuts  # noqa: E402

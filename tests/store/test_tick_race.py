@@ -23,7 +23,7 @@ from scheduler._model.handlers import Registry
 from scheduler._store.tables import decisions, jobs, rows
 from scheduler.testing import ManualClock
 
-WORKER = Path(__file__).with_name("tick_race_worker.py")
+WORKER = Path(__file__).resolve().parents[1] / "helpers" / "tick_race_worker.py"
 BASE = datetime(2030, 1, 1, tzinfo=UTC)
 STEPS = 10
 GLOBAL_LIMIT = 4  # tick_race_worker.GLOBAL_LIMIT

@@ -364,7 +364,7 @@ async def mark(job):
 
 
 def async_config(tmp_path: Path, url: str, worker: str = "") -> Path:
-    from test_cli import write_config
+    from helpers.cli import write_config
 
     (tmp_path / "async_jobs.py").write_text(ASYNC_JOBS_MODULE)
     config = write_config(tmp_path, url, worker=worker)
@@ -383,7 +383,7 @@ def wait_for_files(*paths: Path, timeout: float = 30) -> None:
 def test_sigterm_to_a_real_worker_cancels_its_async_jobs_after_the_grace(
     db_url_sp: str, sp_app: Scheduler, tmp_path: Path
 ) -> None:
-    from test_worker import WorkerProcess
+    from helpers.worker_process import WorkerProcess
 
     config = async_config(tmp_path, db_url_sp, worker="shutdown_grace_seconds = 0.5\n")
     payload = {"dir": str(tmp_path)}
@@ -406,7 +406,7 @@ def test_sigterm_to_a_real_worker_cancels_its_async_jobs_after_the_grace(
 def test_worker_once_runs_async_handlers(tmp_path: Path, sqlite_template: Path) -> None:
     import shutil
 
-    from test_cli import run_cli
+    from helpers.cli import run_cli
 
     db = tmp_path / "once.db"
     shutil.copy(sqlite_template, db)

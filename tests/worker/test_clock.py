@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from issue17_helpers import finish, read_jsonl, record_inserts, server_now, start_worker
+from helpers.server_clock import finish, read_jsonl, record_inserts, server_now, start_worker
 from sqlalchemy import func, select
 
 from scheduler import Scheduler, TaskSpec

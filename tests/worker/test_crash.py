@@ -1,6 +1,6 @@
 """A worker process killed with SIGKILL mid-job, and what happens to its job (SPEC §1).
 
-The victim (``helpers_worker.py crash``) claims the job under a 1-second lease, starts the
+The victim (``helpers/queue_worker.py crash``) claims the job under a 1-second lease, starts the
 handler, which drops a marker file and sleeps; the test kills it for real. Once the lease has
 run out, two rescuers (threads, each its own engine) are released together and call ``work()``
 until the job is settled: both see the expired job, only one may take it over.
@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers_worker import append_line, read_lines
+from helpers.queue_worker import append_line, read_lines
 
 from scheduler import Job, Scheduler
 from scheduler._model.handlers import Registry
 from scheduler._store import jobs as _jobs
 
-HELPER = Path(__file__).resolve().parent / "helpers_worker.py"
+HELPER = Path(__file__).resolve().parents[1] / "helpers" / "queue_worker.py"
 LEASE_SECONDS = 1
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.config_metrics import config_metric_names
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event, update
-from test_deploy_config import config_metric_names
 
 from scheduler import ConfigError, PermanentError, Scheduler, TaskSpec
 from scheduler._config import parse_config

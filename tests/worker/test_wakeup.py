@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import IN_CI, MYSQL_URL, PG_URL, make_url
+from conftest import MYSQL_URL, PG_URL, make_url
+from helpers.redis_server import RedisServer
+from helpers.redis_server import redis_server as redis_server  # the fixture
 from sqlalchemy import func, select, text
 
 from scheduler import Scheduler
@@ -35,7 +35,7 @@ from scheduler._store.status import health as _health
 from scheduler._store.tables import jobs
 
 HERE = Path(__file__).resolve().parent
-WORKER = HERE / "wakeup_worker.py"
+WORKER = HERE.parent / "helpers" / "wakeup_worker.py"
 LONG_POLL = 60.0  # the workers' safety-net poll in these tests: only a wake-up is quicker
 WAIT = 30.0  # how long a test waits for what a wake-up brings within milliseconds
 
@@ -50,74 +50,9 @@ def wait_for(condition: Callable[[], Any], timeout: float = WAIT, what: str = ""
     raise AssertionError(f"timed out after {timeout:g}s waiting for {what or condition}")
 
 
-# -- redis-server on a free port -------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class RedisServer:
-    """A redis-server of this test's own (no persistence), stopped and started again on its
-    port by :meth:`stop` and :meth:`start`."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.url = f"redis://127.0.0.1:{port}/0"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        assert binary is not None
-        options = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), *options],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        import redis
-
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
-        try:
-            wait_for(lambda: _pings(client), 10, "redis-server to answer")
-        finally:
-            client.close()
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(10)
-            self.proc = None
-
-    def client(self) -> Any:
-        import redis
-
-        return redis.Redis.from_url(self.url, socket_connect_timeout=1, socket_timeout=5)
-
-
-def _pings(client: Any) -> bool:
-    try:
-        return bool(client.ping())
-    except Exception:
-        return False
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    if shutil.which("redis-server") is None:
-        message = "redis-server is not installed (apt-get install redis-server)"
-        if IN_CI:
-            pytest.fail(f"{message}; CI requires it", pytrace=False)
-        pytest.skip(message)
-    server = RedisServer(free_port())
-    server.start()
-    yield server
-    server.stop()
-
-
 # -- worker processes -----------------------------------------------------------------------
 class WorkerProcess:
-    """tests/wakeup_worker.py in a process of its own: its jobs' lines in ``out``."""
+    """tests/helpers/wakeup_worker.py in a process of its own: its jobs' lines in ``out``."""
 
     def __init__(self, url: str, out: Path, *args: str) -> None:
         self.out = out

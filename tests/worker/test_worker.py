@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import threading
@@ -16,16 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.cli import write_config
+from helpers.worker_process import WorkerProcess
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.exc import OperationalError
-from test_cli import COMMAND, write_config
 
 from scheduler import Scheduler
 from scheduler._model.handlers import Registry
 from scheduler._store.tables import workers
 from scheduler._worker.worker import MAX_TICK_OFFSET, Worker, tick_offset, until_next_tick
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 OWN_APP_MODULE = '''
 """Its own Scheduler.from_toml (the CLI exports SCHEDULER_CONFIG); lands in default_registry."""
@@ -47,39 +47,6 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
-
-
-class WorkerProcess:
-    """``scheduler worker`` as a subprocess, its stderr in a file."""
-
-    def __init__(self, cwd: Path, config: Path, *args: str) -> None:
-        self.log = cwd / f"worker-{time.monotonic_ns()}.log"
-        env = {  # a pgbouncer case's pooler settings are kept
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith("SCHEDULER_")
-            or k in ("SCHEDULER_DATABASE_POOLER", "SCHEDULER_DATABASE_LISTEN_URL")
-        }
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(
-                [*COMMAND, "--config", str(config), "worker", *args],
-                cwd=cwd,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def stop(self, timeout: float = 30) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
-
-    def output(self) -> str:
-        return self.log.read_text()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture

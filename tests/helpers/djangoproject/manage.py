@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The test project's manage.py (tests/test_django.py runs it as users run theirs)."""
+"""The test project's manage.py (tests/e2e/test_django.py runs it as users run theirs)."""
 
 import os
 import sys

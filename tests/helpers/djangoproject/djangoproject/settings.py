@@ -1,4 +1,4 @@
-"""A small Django project for tests/test_django.py: a shop whose orders enqueue a receipt job.
+"""A small Django project for tests/e2e/test_django.py: a shop whose orders enqueue a receipt job.
 
 The database comes from ``SCHEDULER_TEST_DJANGO_URL`` (a SQLAlchemy URL of the test's own
 database: a SQLite file, or PostgreSQL/MariaDB with the test session's schema or database).
