@@ -232,7 +232,7 @@ COMMANDS = [["sync"], ["tick"], ["status", "--json"], ["enable", "x"], ["trigger
 
 def test_outdated_schema_is_refused_until_migrate(tmp_path: Path) -> None:
     db = tmp_path / "fresh.db"
-    db.touch()  # an empty database (a missing file: tests/test_first_run.py)
+    db.touch()  # an empty database (a missing file: tests/cli/test_cli_database.py)
     write_config(tmp_path, f"sqlite:///{db}", tasks=TASK)
     for command, result in zip(COMMANDS, run_all(tmp_path, *COMMANDS), strict=True):
         assert "run `scheduler migrate`" in one_error_line(result), command

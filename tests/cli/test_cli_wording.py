@@ -1,7 +1,8 @@
-"""What the CLI and the dashboard say, where it was wrong or confusing (issue 24): run numbers
-in a job's history, a backfilled task's last job, `explain` of a UTC and of a disabled task,
-commands on the Task and health pages, `enable` of a task whose last job aborted, the worker
-table after the workers stopped, ``TaskSpec.overlap``'s default, the clock warning's mode."""
+"""What the CLI says to a user: "task" (never "row") in its help, errors, logs and
+``status``; run numbers in a job's history and in the logs; a backfilled task's last job;
+``explain`` of a UTC and of a disabled task; ``enable`` of a task whose last job aborted.
+The dashboard's page for the same case is checked beside the command's output.
+"""
 
 from __future__ import annotations
 
@@ -11,17 +12,139 @@ import shutil
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
-from test_cli_operators import Cli
-from test_dashboard_http import client
+from helpers.cli import Cli
+from helpers.cli_project import migrated as migrated  # the fixture
+from helpers.dashboard_client import client
 
-from scheduler import ConfigError, PermanentError, Scheduler, TaskSpec
+from scheduler import PermanentError, Scheduler, TaskSpec
 from scheduler._model.handlers import Registry
-from scheduler._store.status.health import touch
 from scheduler.testing import ManualClock
 
+ROW_WORD = re.compile(r"\brows?\b", re.IGNORECASE)  # row_disabled (a signal's name) is fine
+
+
+def test_the_cli_help_says_task() -> None:
+    from click.testing import CliRunner
+
+    from scheduler.cli import cli
+
+    runner = CliRunner()
+    texts = {"": runner.invoke(cli, ["--help"]).output}
+    for name in cli.list_commands(click_context()):
+        texts[name] = runner.invoke(cli, [name, "--help"]).output
+    assert {
+        name: ROW_WORD.findall(text) for name, text in texts.items() if ROW_WORD.search(text)
+    } == {}
+    assert "Pause task NAME" in texts["disable"]
+
+
+def click_context() -> Any:
+    import click
+
+    from scheduler.cli import cli
+
+    return click.Context(cli)
+
+
+def test_errors_logs_and_status_say_task(
+    migrated: str, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import logging
+
+    from scheduler import SchedulerError, TaskSpec
+    from scheduler.cli.output import print_status
+
+    app = Scheduler(migrated, registry=Registry())
+    try:
+        print_status(app.status())
+        assert capsys.readouterr().out.splitlines()[0] == "no tasks (run `scheduler sync`)"
+        with pytest.raises(SchedulerError) as unknown:
+            app.enable("nope")
+        assert str(unknown.value) == "no task named 'nope' (run `scheduler sync`?)"
+
+        @app.handler("t.fail", retry_safe=True, max_attempts=1)
+        def fail(job: Any) -> None:
+            raise ValueError("down")
+
+        spec = TaskSpec(
+            name="flaky", cron="0 3 * * *", handler="t.fail", max_consecutive_failures=1
+        )
+        app.sync([spec])
+        with caplog.at_level(logging.DEBUG, logger="scheduler"):
+            for _ in range(2):
+                app.trigger("flaky")
+                app.tick()
+                app.work()
+        with pytest.raises(SchedulerError) as disabled:
+            app.trigger("flaky")
+        assert str(disabled.value).startswith("task 'flaky' is disabled")
+        said = [r.getMessage() for r in caplog.records if ROW_WORD.search(r.getMessage())]
+        assert said == []
+        assert any(
+            "task flaky disabled after 1 consecutive failures" in r.getMessage()
+            for r in caplog.records
+        )
+        print_status(app.status())
+        out = capsys.readouterr().out
+        assert "warning: task 'flaky' disabled" in out and not ROW_WORD.search(out)
+    finally:
+        app.close()
+
+
+def test_reruns_log_their_run_number_and_the_worker_counts_runs(
+    migrated: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from scheduler import TaskSpec
+    from scheduler._worker.worker import Worker
+
+    app = Scheduler(migrated, registry=Registry())
+    try:
+
+        @app.handler("t.fail", retry_safe=True, max_attempts=2, queue="default")
+        def fail(job: Any) -> None:
+            raise ValueError("down")
+
+        app.sync(
+            [TaskSpec(name="flaky", cron="0 3 * * *", handler="t.fail", max_consecutive_failures=0)]
+        )
+        with caplog.at_level(logging.INFO, logger="scheduler"):
+            for _ in range(3):
+                app.trigger("flaky")
+                app.tick()
+                app.work()  # attempt 1; attempt 2 waits out its back-off
+                with app.store.begin() as conn:  # make the retry ready now
+                    from sqlalchemy import update
+
+                    from scheduler._store.tables import jobs
+
+                    conn.execute(update(jobs).values(run_at=app.clock()))
+                app.work()
+        said = [
+            r.getMessage().split(" raised")[0] for r in caplog.records if "raised" in r.getMessage()
+        ]
+        job = app.get_row("flaky").last_job_id  # type: ignore[union-attr]
+        assert said == [  # every one was "attempt 1/2" or "attempt 2/2" before
+            f"job {job} (t.fail, task flaky) run {run}, attempt {attempt}/2"
+            for run in (1, 2, 3)
+            for attempt in (1, 2)
+        ]
+        caplog.clear()
+        app.trigger("flaky")
+        with caplog.at_level(logging.INFO, logger="scheduler"):
+            Worker(app, concurrency=1).run(once=True)
+        assert any(r.getMessage().endswith("stopped after 1 run(s)") for r in caplog.records)
+    finally:
+        app.close()
+
+
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
+
+
 FLAKY = TaskSpec("flaky", "*/10 * * * *", "fails", timezone="UTC")
 
 
@@ -127,25 +250,6 @@ def test_explain_of_a_utc_task_and_of_a_disabled_one(app: Scheduler, cli: Cli) -
     assert "None while the task is disabled" in page
 
 
-def test_commands_on_the_dashboard_are_code_not_backticks(
-    app: Scheduler, clock: ManualClock
-) -> None:
-    app.sync([TaskSpec("flaky", "*/10 * * * *", "fails", max_consecutive_failures=1)])
-    for minute in (10, 20):
-        clock.set(T0 + timedelta(minutes=minute))
-        app.tick()
-        app.work()
-    row = app.get_row("flaky")
-    assert row is not None and not row.enabled  # disabled by its failures
-    web = client(app)
-    task_page = web.get("/tasks/flaky").text
-    state = re.search(r'<p id="state-sentence">(.*?)</p>', task_page, re.S)
-    assert state is not None and "`" not in state[1]
-    assert "<code>scheduler enable flaky</code>" in state[1]
-    health = web.get("/health").text
-    assert "<code>scheduler enable flaky</code>" in health and "`scheduler" not in health
-
-
 def test_enable_says_the_aborted_last_job_counts_at_its_next_slot(
     app: Scheduler, clock: ManualClock, cli: Cli
 ) -> None:
@@ -161,31 +265,3 @@ def test_enable_says_the_aborted_last_job_counts_at_its_next_slot(
     assert out[1].startswith(f"its last job ({row.last_job_id}) is aborted: its next slot reruns")
     warnings = app.status()["health"]["warnings"]
     assert any("its last run aborted (boom)" in w and "(1 of 1 " in w for w in warnings)
-
-
-def test_the_worker_table_after_the_workers_stopped(app: Scheduler, clock: ManualClock) -> None:
-    web = client(app)
-    assert "No worker has reported yet." in web.get("/health").text
-    touch(app.store, "host:1:abc", T0, T0)  # a worker ran, then stopped
-    clock.set(T0 + timedelta(minutes=5))
-    page = client(app).get("/health").text
-    assert "No worker has reported yet." not in page
-    assert "No worker is running now" in page
-
-
-def test_task_spec_overlap_defaults_to_hold_and_concurrent_is_allow(app: Scheduler) -> None:
-    assert TaskSpec("x", "* * * * *", "h").overlap == "hold"
-    assert TaskSpec("x", "* * * * *", "h", concurrent=True).overlap == "allow"
-    assert TaskSpec("x", "* * * * *", "h", overlap="skip").policy == "skip"
-    assert TaskSpec("x", "* * * * *", "h", overlap=None).overlap == "hold"  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="contradicting 'skip'"):
-        app.sync([TaskSpec("x", "* * * * *", "works", concurrent=True, overlap="skip")])
-    app.sync([TaskSpec("x", "* * * * *", "works", concurrent=True)])
-    assert app.rows(limit=None)[0].overlap == "allow"
-
-
-def test_the_clock_warning_names_the_clock_in_force(app: Scheduler) -> None:
-    assert app.clock_mode == "local"  # SQLite: the host's clock, always
-    touch(app.store, "far-host:1:x", T0, None, clock_offset=-5.0)
-    (warning,) = [w for w in app.status()["health"]["warnings"] if "clock" in w]
-    assert 'with clock = "local"' in warning and '"database"' not in warning
