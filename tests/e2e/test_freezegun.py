@@ -1,4 +1,4 @@
-"""The scheduler under freezegun, as its users test with it (issue 24, point 3).
+"""The scheduler under freezegun, as its users test with it.
 
 - Whichever test first imports the scheduler, with time frozen or not, later ticks work: no
   module keeps freezegun's ``FakeDatetime`` (or the real class) taken at import. Checked in a

@@ -1,6 +1,6 @@
 """docs/tutorial.md, run as a reader runs it: its files from its code blocks, its commands from
-its console blocks, and each shown output compared with the real one (issue 11: the page
-showed a schema revision that was no longer the head).
+its console blocks, and each shown output compared with the real one (so the page
+cannot show a schema revision that is no longer the head).
 
 Times, worker ids and job numbers vary from run to run and are compared as placeholders. The
 worker's own blocks (`scheduler worker`, which runs until Ctrl-C, and the output that follows

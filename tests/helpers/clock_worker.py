@@ -1,4 +1,4 @@
-"""A real worker process for the clock and lock tests (issue 17), run as a script::
+"""A real worker process for the clock and lock tests, run as a script::
 
     [faketime -f +5m] python clock_worker.py URL OUT_DIR WORKER_ID SECONDS [CLOCK [TICK]]
 

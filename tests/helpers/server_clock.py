@@ -1,4 +1,4 @@
-"""Shared by the clock and lock tests (issue 17): worker processes, and the database's own
+"""Shared by the clock and lock tests: worker processes, and the database's own
 record of when each job was inserted.
 
 :func:`record_inserts` installs a trigger on ``scheduler_jobs`` that writes each new job's id

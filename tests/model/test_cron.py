@@ -205,7 +205,7 @@ def test_after_inside_repeated_hour_wildcard() -> None:
     assert nxt("20 * * * *", BERLIN, utc(2026, 10, 25, 1, 10)) == utc(2026, 10, 25, 1, 20)
 
 
-# The fall-backs of issue 24, whose shift is not a multiple of the step: each went wrong under
+# Fall-backs whose shift is not a multiple of the step: each went wrong under
 # freezegun (a repeated slot lost, or one that does not exist fired). As local wall-clock times.
 FALL_BACKS = {
     # 2027-04-04 02:00 (+11) -> 01:30 (+10:30): 01:40 twice; 01:30 and 01:50 (+10:30) never

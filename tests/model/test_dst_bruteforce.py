@@ -1,5 +1,5 @@
 """The DST rule (SPEC §2) against an independent brute force, in every zone whose clock shifts
-by something other than one hour (issue 11: Australia/Lord_Howe's 30 minutes, Antarctica/Troll's
+by something other than one hour (Australia/Lord_Howe's 30 minutes, Antarctica/Troll's
 two hours).
 
 The transitions are found by scanning every zone zoneinfo ships, a week at a time (no zone

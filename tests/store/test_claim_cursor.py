@@ -1,5 +1,5 @@
-"""Claims that go on from a cursor while sweeping from the front is slow (a held MVCC horizon,
-issue 25): when they start and stop, what a sweep still finds, and what a held horizon does to
+"""Claims that go on from a cursor while sweeping from the front is slow (a held MVCC horizon):
+when they start and stop, what a sweep still finds, and what a held horizon does to
 a claim's reads (PostgreSQL, real transactions held open)."""
 
 from __future__ import annotations

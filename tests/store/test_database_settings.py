@@ -1,4 +1,4 @@
-"""The ``[database]`` settings take effect (issue 25): the statement timeout on each server, and
+"""The ``[database]`` settings take effect: the statement timeout on each server, and
 behind a transaction pooler (PgBouncer, ``pooler = "transaction"``) no session state and no
 server-side prepared statement, while every transaction still gets its lock and statement
 timeouts.

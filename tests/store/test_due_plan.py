@@ -1,4 +1,4 @@
-"""The due query reads one batch, not the whole burst (issue 25).
+"""The due query reads one batch, not the whole burst.
 
 A burst's rows share one ``next_run_at``. Each batch after the first goes on from the last
 (next_run_at, id) it saw; the database must range-scan the due index from there and stop after

@@ -1,5 +1,5 @@
 """A transaction that holds the MVCC horizon: named by ``status``, timed and counted by the
-metrics (PostgreSQL; issue 25). Real transactions held open on the real server."""
+metrics (PostgreSQL). Real transactions held open on the real server."""
 
 from __future__ import annotations
 

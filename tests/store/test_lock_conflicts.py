@@ -1,4 +1,4 @@
-"""InnoDB deadlocks (1213) and lock wait timeouts (1205) never reach a caller (issue 18).
+"""InnoDB deadlocks (1213) and lock wait timeouts (1205) never reach a caller.
 
 Every conflict here is real: a second transaction on its own connection of the MariaDB server
 holds, or asks for, the rows the operation under test needs. The application's connections
@@ -243,7 +243,7 @@ def test_a_heartbeat_retries_a_lock_wait_timeout(app: Scheduler, maria_url: str)
 def test_a_takeover_passes_over_a_locked_job_then_takes_it(
     app: Scheduler, maria_url: str, clock: ManualClock
 ) -> None:
-    """SKIP LOCKED: a stopped job another transaction holds is not waited for (issue 17)."""
+    """SKIP LOCKED: a stopped job another transaction holds is not waited for."""
     [job] = claimed(app)
     clock.advance(minutes=2)
     other = copy.copy(app.runner())
@@ -276,7 +276,7 @@ ROW = TaskSpec("r", "* * * * *", "h", {}, "UTC")
 def test_a_tick_passes_over_a_locked_row_without_waiting(
     app: Scheduler, maria_url: str, clock: ManualClock
 ) -> None:
-    """SKIP LOCKED (MariaDB 10.6 on): the row is reported ``locked`` at once (issue 17)."""
+    """SKIP LOCKED (MariaDB 10.6 on): the row is reported ``locked`` at once."""
     app.sync([ROW, dataclasses.replace(ROW, name="free")])
     clock.advance(minutes=2)
     holder = create_engine(maria_url)

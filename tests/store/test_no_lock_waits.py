@@ -1,4 +1,4 @@
-"""Nothing waits on someone else's lock (issue 17, SPEC §13): a real worker process runs 20 due
+"""Nothing waits on someone else's lock (SPEC §13): a real worker process runs 20 due
 tasks while a second connection holds a row lock (then, separately, a job lock) for 10 s.
 
 Every time judged here is the database server's: the insert time of each job as a trigger

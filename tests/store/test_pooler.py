@@ -1,4 +1,4 @@
-"""Many workers behind PgBouncer in transaction mode (issue 25): the short run of
+"""Many workers behind PgBouncer in transaction mode: the short run of
 ``reliability/pooler_load.py`` (its long run: 10 processes x 8 job threads over 8 server
 connections for 5 minutes, figures in docs/guarantees.md)."""
 

@@ -207,7 +207,7 @@ def race_on_one_job_set(url: str, out: Path, processes: int) -> list[int | None]
 
 def test_processes_racing_on_one_job_set_run_each_job_exactly_once(db_url: str, tmp_path: Path):
     """Spawned processes call work() on the same 60 jobs at once: four on SQLite and
-    PostgreSQL, three on MariaDB (issue 18: a deadlock there reached the caller)."""
+    PostgreSQL, three on MariaDB (where a deadlock once reached the caller)."""
     app = Scheduler(db_url, registry=Registry())
     try:
         processes = 3 if app.store.caps.dialect == "mysql" else 4
@@ -948,20 +948,20 @@ _COMMON = {
     "tick, idle, first of the process": (3, 2),  # due-row SELECT; record: UPDATE, INSERT
     "tick, idle": (1, 1),  # due-row SELECT (the record waits TICK_RECORD_SECONDS)
     "tick, idle, 5 s later": (2, 2),  # due-row SELECT; the record's UPDATE
-    # due-row SELECT; INSERT job + row compare-and-swap + its decision-log entry (issue 13)
+    # due-row SELECT; INSERT job + row compare-and-swap + its decision-log entry
     "tick, one row dispatched": (4, 2),
     "work(), one job": (6, 5),
 }
 EXPECTED_COUNTS = {
     "sqlite": _COMMON,
     # The dispatch is one statement (compare-and-swap, INSERT and log entry in one CTE), its own
-    # transaction; then the batch's one wake-up NOTIFY, after its rows' commits (issue 26).
+    # transaction; then the batch's one wake-up NOTIFY, after its rows' commits.
     # A retry's NOTIFY rides in the transaction that records it (one per batch of outcomes);
     # an enqueue's rides in its INSERT ... RETURNING (no statement of its own).
     "postgresql": {**_COMMON, "tick, one row dispatched": (3, 3), "fail (retry later)": (3, 1)},
     # No UPDATE ... RETURNING: SELECT ... SKIP LOCKED, UPDATE, SELECT the jobs won.
     # The tick's dispatch is one query (INSERT job; the swap, which refuses to wait for a
-    # locked row; INSERT ... SELECT its entry), sent as one statement (issue 13).
+    # locked row; INSERT ... SELECT its entry), sent as one statement.
     "mysql": {
         **_COMMON,
         "enqueue with dedupe key": (2, 1),  # SELECT the active holder, INSERT (no ON CONFLICT)

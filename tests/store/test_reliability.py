@@ -318,7 +318,7 @@ def test_a_few_seconds_of_sqlite_contention(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_connections_cut_for_20_seconds(pg_url: str, tmp_path: Path) -> None:
-    """The short run of reliability/connection_cuts.py (issue 17): the worker's backends
+    """The short run of reliability/connection_cuts.py: the worker's backends
     terminated at random moments for 20 s; every must-be-0 figure is 0, the worker runs on."""
     figures, notes = connection_cuts.run(
         pg_url, seconds=20, every=(0.1, 1.0), rate=10, seed=17, prepare=False, out=tmp_path

@@ -1,4 +1,4 @@
-"""One clock (issue 17, SPEC §13): decisions on the database server's clock.
+"""One clock (SPEC §13): decisions on the database server's clock.
 
 Real servers throughout; hosts whose clocks are off are real processes under Debian's
 ``faketime`` (it moves the process's wall clock and its steady counters alike).

@@ -1,4 +1,4 @@
-"""The job a handler receives carries its slot (issue 24, point 1): ``job.slot`` is the nominal
+"""The job a handler receives carries its slot: ``job.slot`` is the nominal
 cron instant of a task's job (before jitter), also of a backfilled one, and ``None`` for an
 enqueued job; with ``id``, ``payload``, ``attempt``, ``task_name``, ``queue`` and ``tenant``.
 

@@ -1,4 +1,4 @@
-"""The worker's prefetch (issue 24, point 8): while its jobs are short it holds up to
+"""The worker's prefetch: while its jobs are short it holds up to
 ``PREFETCH_FACTOR`` jobs per thread, claimed several per statement; a job held beyond the
 threads waits for one of them while another worker may be idle. So one long job among short
 ones stops the prefetch: the jobs that come next are claimed only for free threads, and the
