@@ -86,10 +86,14 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
             if len(component) > 1:
                 found.append(sorted(component))
 
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
+    limit = sys.getrecursionlimit()  # restored: other tests rely on the default depth
+    sys.setrecursionlimit(max(limit, 10_000))
+    try:
+        for node in sorted(graph):
+            if node not in index:
+                visit(node)
+    finally:
+        sys.setrecursionlimit(limit)
     return found
 
 
