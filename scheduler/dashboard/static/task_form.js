@@ -15,13 +15,14 @@
     var box = document.createElement("div");
     box.innerHTML = html;
     var fresh = box.querySelector("#task-preview");
-    if (fresh) holder.replaceWith(fresh);
+    if (!fresh) return;
+    var errors = fresh.querySelectorAll(".preview-errors li");
+    holder.replaceWith(fresh);
     var marks = form.querySelectorAll(".field-error");
     for (var i = 0; i < marks.length; i++) {
       marks[i].textContent = "";
       marks[i].parentNode.classList.remove("invalid");
     }
-    var errors = box.querySelectorAll(".preview-errors li");
     for (var j = 0; j < errors.length; j++) {
       var where = document.getElementById("err-" + errors[j].getAttribute("data-field"));
       if (where) {
