@@ -17,10 +17,13 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import _SESSION, MYSQL_SERVER, PG_SERVER, require_server
+from sqlalchemy import create_engine, text
 
 from scheduler import Scheduler, TaskSpec
 from scheduler._model.handlers import Registry
@@ -109,13 +112,56 @@ def manage(url: str, *args: str) -> str:
     return done.stdout
 
 
-def test_the_admin_lists_filters_and_changes_tasks_through_the_scheduler(
-    tmp_path: Path, sqlite_template: Path
-) -> None:
-    path = tmp_path / "admin.db"
-    shutil.copy(sqlite_template, path)  # the scheduler's tables, migrated
-    url = f"sqlite:///{path}"
-    manage(url, "migrate", "--verbosity", "0")  # Django's own (admin, auth, sessions)
+def run(url: str, *statements: str) -> None:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            for statement in statements:
+                conn.execute(text(statement))
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
+def admin_url(
+    request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path
+) -> Iterator[str]:
+    """A database of its own (a SQLite file, a PostgreSQL schema, a MariaDB database) with the
+    scheduler's tables and the project's, Django's admin's included; dropped afterwards, so the
+    admin's tables never meet the other Django tests' in the session's schema."""
+    backend = request.param
+    if backend == "sqlite":
+        path = tmp_path / "admin.db"
+        shutil.copy(sqlite_template, path)  # the scheduler's tables, migrated
+        url = f"sqlite:///{path}"
+        drop: tuple[str, str] | None = None
+    elif backend == "postgresql":
+        name = f"{_SESSION}_admin"
+        require_server(PG_SERVER, "PostgreSQL")
+        run(PG_SERVER, f"DROP SCHEMA IF EXISTS {name} CASCADE", f"CREATE SCHEMA {name}")
+        url = f"{PG_SERVER}?options=-csearch_path%3D{name}"
+        drop = (PG_SERVER, f"DROP SCHEMA IF EXISTS {name} CASCADE")
+    else:
+        name = f"{_SESSION}_admin"
+        require_server(MYSQL_SERVER, "MariaDB")
+        run(MYSQL_SERVER, f"DROP DATABASE IF EXISTS {name}", f"CREATE DATABASE {name}")
+        url = MYSQL_SERVER.rsplit("/", 1)[0] + f"/{name}"
+        drop = (MYSQL_SERVER, f"DROP DATABASE IF EXISTS {name}")
+    try:
+        if drop is not None:
+            migrating = Scheduler(url, registry=Registry())
+            migrating.migrate()
+            migrating.close()
+        manage(url, "migrate", "--verbosity", "0")  # Django's own (admin, auth, sessions)
+        yield url
+    finally:
+        if drop is not None:
+            run(*drop)
+
+
+def test_the_admin_lists_filters_and_changes_tasks_through_the_scheduler(admin_url: str) -> None:
+    url = admin_url
     app = Scheduler(url, registry=Registry())
     try:
         app.sync([TaskSpec("tidy", "0 4 * * *", "shop.tidy", {}, "UTC")])
