@@ -81,7 +81,9 @@ def tasks(
     if name:
         stmt = stmt.where(rows.c.name.like(_like(name), escape="\\"))
     if prefix:
-        stmt = stmt.where(rows.c.name.like(_like(prefix)[1:], escape="\\"))
+        # As rows(prefix=): the range lets the name's index start at the prefix (a LIKE alone
+        # is no range under a database's collation); LIKE keeps the names that start with it.
+        stmt = stmt.where(rows.c.name >= prefix, rows.c.name.startswith(prefix, autoescape=True))
     if group:
         stmt = stmt.where(rows.c.task_group == group)
     if tenant:
