@@ -55,8 +55,8 @@ base = "/admin/scheduler/task/"
 seen["all"] = names(base)
 seen["search"] = names(base + "?q=crm")
 seen["file"] = names(base + "?source__exact=file")
-seen["group"] = names(base + "?group__exact=customer-42")
-seen["tenant"] = names(base + "?tenant__exact=globex")
+seen["group"] = names(base + "?group=customer-42")
+seen["tenant"] = names(base + "?tenant=globex")
 form = {"name": "report-7", "cron": "30 7 * * 1", "timezone": "Europe/Berlin",
         "handler": "reports.weekly", "payload": '{"customer": 7}', "tenant": "acme",
         "group": "customer-7", "overlap": "hold", "catchup_window": "0", "jitter": "0",

@@ -96,6 +96,42 @@ class TaskForm(forms.ModelForm):
         return self.instance
 
 
+class _ValueFilter(admin.SimpleListFilter):
+    """A filter by one column's value that lists at most :attr:`SHOWN` values (the first by
+    order, through the column's index: no DISTINCT over a million rows on every page); any
+    other value still filters from the address (``?group=customer-42``)."""
+
+    SHOWN = 50
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        column = self.parameter_name
+        found = list(
+            model_admin.get_queryset(request)
+            .exclude(**{f"{column}__isnull": True})
+            .order_by(column)
+            .values_list(column, flat=True)
+            .distinct()[: self.SHOWN]
+        )
+        chosen = self.value()
+        if chosen and chosen not in found:
+            found.append(chosen)
+        return [(value, value) for value in found]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Task]) -> QuerySet[Task]:
+        chosen = self.value()
+        return queryset.filter(**{self.parameter_name: chosen}) if chosen else queryset
+
+
+class _GroupFilter(_ValueFilter):
+    title = "group"
+    parameter_name = "group"
+
+
+class _TenantFilter(_ValueFilter):
+    title = "tenant"
+    parameter_name = "tenant"
+
+
 @admin.register(Task)
 class TaskAdmin(admin.ModelAdmin):
     form = TaskForm
@@ -111,7 +147,7 @@ class TaskAdmin(admin.ModelAdmin):
         "next_run_at",
         "consecutive_failures",
     )
-    list_filter = ("source", "group", "tenant", "enabled")
+    list_filter = ("source", _GroupFilter, _TenantFilter, "enabled")
     search_fields = ("name",)
     list_per_page = 50
     show_full_result_count = False  # no COUNT(*) of a million rows on every page
