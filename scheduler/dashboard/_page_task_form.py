@@ -162,11 +162,21 @@ class Outcome:
         self.errors: dict[str, str] = {}
 
 
-def _put(dash: Dashboard, values: dict[str, str], user: str, reason: str, dry_run: bool) -> Outcome:
+def _put(
+    dash: Dashboard,
+    values: dict[str, str],
+    user: str,
+    reason: str,
+    dry_run: bool,
+    creating: bool,
+) -> Outcome:
     outcome = Outcome()
     try:
         spec = _spec(values)
         outcome.zone = spec.timezone or dash.app.settings.timezone
+        found = dash.app.get_row(spec.name) if creating else None
+        if found is not None and found.source == "api":  # a file's: put_task says whose
+            raise SchedulerError(f"task {spec.name!r} exists: edit it instead")
         outcome.change = dash.app.put_task(spec, dry_run=dry_run, reason=reason or None, actor=user)
     except SchedulerError as exc:
         outcome.errors[_field_of(str(exc))] = str(exc)
@@ -266,7 +276,9 @@ def submit(dash: Dashboard, editing: bool) -> Callable[[Request], Awaitable[Resp
         values = _form_values(form, name)
         reason = str(form.get("reason") or "").strip()[:500]
         dry_run = form.get("op") == "preview"
-        outcome = await run_in_threadpool(_put, dash, values, session["user"], reason, dry_run)
+        outcome = await run_in_threadpool(
+            _put, dash, values, session["user"], reason, dry_run, not editing
+        )
         if outcome.errors or dry_run:
             status = 400 if outcome.errors else 200
             return _render_form(dash, request, row, values, outcome, status)
@@ -295,7 +307,9 @@ def preview(dash: Dashboard) -> Callable[[Request], Awaitable[Response]]:
             return refused
         name = str(form.get("edit") or "") or None
         values = _form_values(form, name)
-        outcome = await run_in_threadpool(_put, dash, values, session["user"], "", True)
+        outcome = await run_in_threadpool(
+            _put, dash, values, session["user"], "", True, name is None
+        )
         return dash.render(
             request,
             "_task_preview.html",

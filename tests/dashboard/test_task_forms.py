@@ -139,6 +139,16 @@ def test_a_refused_form_shows_the_error_beside_its_field_and_writes_nothing(
     assert live.status_code == 400 and f'data-field="{field}"' in live.text
 
 
+def test_new_task_refuses_the_name_of_an_existing_task(app: Scheduler) -> None:
+    c, csrf = signed_in(app)
+    c.post("/task-new", data=form(csrf))
+    before = app.get_row("crm-sync-42")
+    r = c.post("/task-new", data=form(csrf, cron="0 9 * * *"))
+    assert r.status_code == 400
+    assert error_beside(r.text, "name") == "task 'crm-sync-42' exists: edit it instead"
+    assert app.get_row("crm-sync-42") == before
+
+
 def test_edit_changes_only_what_changed_and_the_name_stays(app: Scheduler) -> None:
     c, csrf = signed_in(app)
     c.post("/task-new", data=form(csrf))
