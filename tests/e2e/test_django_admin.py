@@ -30,6 +30,8 @@ from scheduler._model.handlers import Registry
 
 pytest.importorskip("django")
 
+pytestmark = pytest.mark.slow  # manage.py in subprocesses, Django's migrations
+
 PROJECT = Path(__file__).resolve().parents[1] / "djangoproject"
 
 # Run inside the project: Django's test client against the admin; prints what it saw.
