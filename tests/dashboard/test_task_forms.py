@@ -12,6 +12,7 @@ import html
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -237,3 +238,20 @@ def test_tasks_page_filters_by_prefix_group_tenant_and_source_and_pages(app: Sch
     page = c.get(f"/tasks?group={HOSTILE}").text
     assert HOSTILE not in page and html.escape(HOSTILE, quote=False) in page
     assert "api · group" in page
+
+
+def test_a_file_task_names_its_configuration_file(db_url: str, tmp_path: Path) -> None:
+    path = tmp_path / "app.toml"
+    path.write_text(
+        f'[database]\nurl = "{db_url}"\n\n'
+        '[[tasks]]\nname = "nightly"\ncron = "0 3 * * *"\nhandler = "ok"\n'
+    )
+    app = Scheduler.from_toml(path, registry=Registry())
+    try:
+        app.sync()
+        c, _ = signed_in(app)
+        assert "managed by app.toml" in c.get("/tasks/nightly").text
+        r = c.get("/task-edit/nightly")
+        assert r.status_code == 403 and "managed by app.toml" in r.text
+    finally:
+        app.close()
