@@ -81,6 +81,7 @@ tidy = Task.objects.get(name="tidy")
 file_page = c.get(f"{base}{tidy.pk}/change/")
 seen["file_page"] = file_page.status_code
 seen["file_has_save"] = 'name="_save"' in file_page.text
+seen["file_messages"] = [str(m) for m in file_page.context["messages"]]
 seen["file_post"] = c.post(f"{base}{tidy.pk}/change/", {**form, "cron": "0 9 * * *"}).status_code
 seen["file_delete"] = c.post(f"{base}{tidy.pk}/delete/", {"post": "yes"}).status_code
 paused = c.post(base, {"action": "pause_tasks", "_selected_action": [crm.pk, tidy.pk]}, follow=True)
@@ -205,6 +206,10 @@ def test_the_admin_lists_filters_and_changes_tasks_through_the_scheduler(admin_u
         crm = app.get_row("crm-sync-42")
         assert crm is not None and crm.cron == "0 7 * * 1-5" and app.get_row("ignored") is None
         assert seen["file_page"] == 200 and not seen["file_has_save"]
+        assert seen["file_messages"][-1] == (
+            "tidy is managed by settings.SCHEDULER: change it there and run"
+            " `manage.py scheduler sync`."
+        )
         assert seen["file_post"] == 403 and seen["file_delete"] == 403
         tidy = app.get_row("tidy")
         assert tidy is not None and tidy.cron == "0 4 * * *" and tidy.enabled

@@ -178,6 +178,23 @@ class TaskAdmin(admin.ModelAdmin):
             return False
         return bool(super().has_delete_permission(request, obj))
 
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> Any:
+        task = self.get_object(request, object_id)
+        if task is not None and task.source != "api" and request.method == "GET":
+            self.message_user(
+                request,
+                f"{task.name} is managed by {get_scheduler()._owner()}: change it there and run"
+                " `manage.py scheduler sync`.",
+                messages.INFO,
+            )
+        return super().change_view(request, object_id, form_url, extra_context)
+
     def save_model(self, request: HttpRequest, obj: Task, form: Any, change: bool) -> None:
         app = get_scheduler()
         app.put_task(form.spec, actor=_actor(request), reason="Django admin")
