@@ -87,6 +87,18 @@ def demo(url: str) -> tuple[Scheduler, Clock]:
         app.tick()
         app.work()
     app.disable("weekly-digest", reason="paused until the new template ships", actor="ann")
+    app.put_task(  # a schedule the application made for one of its customers
+        TaskSpec(
+            "crm-sync-42",
+            "0 6 * * 1-5",
+            "sync.crm",
+            {"customer": 42},
+            "America/Chicago",
+            tenant="acme",
+            group="customer-42",
+        ),
+        actor="web",
+    )
     app.enqueue("cache.warm", {"key": "home"}, run_at=clock.now + timedelta(minutes=30))
     clock.now = datetime.now(UTC)
     app.tick()  # the slots missed while the demo's clock was behind: one run each
@@ -99,6 +111,29 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def forms(page: object, base: str) -> None:
+    """The New task form with its live preview, and the Edit form with an error beside its
+    field."""
+    from playwright.sync_api import Page
+
+    assert isinstance(page, Page)
+    page.goto(f"{base}/task-new")
+    page.fill("#f-name", "report-7")
+    page.fill("#f-cron", "30 7 * * MON")
+    page.fill("#f-timezone", "America/New_York")
+    page.fill("#f-handler", "reports.nightly")
+    page.fill("#f-group", "customer-7")
+    page.wait_for_selector("#task-preview table.fires")
+    page.screenshot(path=str(OUT / "task-new.png"), full_page=True)
+    print("wrote", OUT / "task-new.png")
+    page.goto(f"{base}/task-edit/crm-sync-42")
+    page.fill("#f-cron", "0 6 * * 1-5")
+    page.fill("#f-timezone", "America/Chicgo")
+    page.wait_for_selector("#err-timezone:not(:empty)")
+    page.screenshot(path=str(OUT / "task-edit.png"), full_page=True)
+    print("wrote", OUT / "task-edit.png")
 
 
 def main() -> None:
@@ -144,6 +179,7 @@ def main() -> None:
                     path=str(OUT / f"{name}.png"), full_page=name not in ("jobs", "audit")
                 )
                 print("wrote", OUT / f"{name}.png")
+            forms(page, base)
             browser.close()
         server.should_exit = True
         thread.join()

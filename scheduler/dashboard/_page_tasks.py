@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
+from .._store.rows import SOURCES
 from .._store.status import dashboard as _queries
 from . import _views
 from ._state import Dashboard, page, root_path
@@ -22,19 +23,32 @@ def tasks(dash: Dashboard, request: Request) -> Response:
     app, p = dash.app, request.query_params
     name, state = p.get("name", "").strip(), p.get("state", "")
     state = state if state in _queries.TASK_STATES else ""
+    narrow = {key: p.get(key, "").strip() for key in ("prefix", "group", "tenant", "source")}
+    if narrow["source"] not in SOURCES:
+        narrow["source"] = ""
     with app.store.read() as conn:
         found = _queries.tasks(
-            conn, name=name, state=state, after=p.get("after") or None, now=app.clock()
+            conn,
+            name=name,
+            state=state,
+            after=p.get("after") or None,
+            now=app.clock(),
+            prefix=narrow["prefix"],
+            group=narrow["group"],
+            tenant=narrow["tenant"],
+            source=narrow["source"],
         )
         strips = _queries.strips(conn, [t["name"] for t in found.items])
-    query = {k: v for k, v in (("name", name), ("state", state)) if v}
+    query = {k: v for k, v in (("name", name), ("state", state), *narrow.items()) if v}
     return dash.render(
         request,
         "tasks.html",
         {
             "tasks": found.items,
             "strips": strips,
-            "filters": {"name": name, "state": state},
+            "filters": {"name": name, "state": state, **narrow},
+            "sources": SOURCES,
+            "owner": dash.app._owner(),
             "task_states": _queries.TASK_STATES,
             "next_page": urlencode({**query, "after": found.next_cursor})
             if found.next_cursor is not None
@@ -49,7 +63,7 @@ def task(dash: Dashboard, request: Request) -> Response:
     data = _views.task_page(dash.app, name, dash.app.clock())
     if data is None:
         return dash.render(request, "missing.html", {"what": f"task {name!r}"}, 404)
-    return dash.render(request, "task.html", data)
+    return dash.render(request, "task.html", {**data, "owner": dash.app._owner()})
 
 
 def routes(dash: Dashboard) -> list[Route]:

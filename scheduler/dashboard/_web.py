@@ -28,7 +28,15 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .._config import DashboardSettings
-from . import _actions, _page_audit, _page_health, _page_jobs, _page_tasks, _signin
+from . import (
+    _actions,
+    _page_audit,
+    _page_health,
+    _page_jobs,
+    _page_task_form,
+    _page_tasks,
+    _signin,
+)
 from ._auth import credentials_match
 from ._render import HERE
 from ._state import Dashboard
@@ -41,7 +49,7 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
     " connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
-PAGES = (_page_tasks, _page_jobs, _page_health, _page_audit, _signin, _actions)
+PAGES = (_page_tasks, _page_jobs, _page_health, _page_audit, _signin, _actions, _page_task_form)
 
 
 def create_app(

@@ -45,12 +45,22 @@ def tasks(
     limit: int = PAGE_SIZE,
     now: datetime | None = None,
     limits: Thresholds | None = None,
+    prefix: str = "",
+    group: str = "",
+    tenant: str = "",
+    source: str = "",
 ) -> Page:
     """One statement: a page of rows by name, with their last job's state and error code.
-    The ``overdue`` and ``held_back`` states need `now` (and `limits`, else the defaults)."""
+    The ``overdue`` and ``held_back`` states need `now` (and `limits`, else the defaults).
+    ``prefix``, ``group``, ``tenant`` and ``source`` each narrow the page when given; each walks
+    an index in name order (the name's own, or ``(source|task_group|tenant, name)``), so a
+    page costs the same among a million rows."""
     stmt = (
         select(
             rows.c.name,
+            rows.c.source,
+            rows.c.task_group.label("group"),
+            rows.c.tenant,
             rows.c.handler,
             rows.c.cron,
             rows.c.timezone,
@@ -70,6 +80,16 @@ def tasks(
     )
     if name:
         stmt = stmt.where(rows.c.name.like(_like(name), escape="\\"))
+    if prefix:
+        # As rows(prefix=): the range lets the name's index start at the prefix (a LIKE alone
+        # is no range under a database's collation); LIKE keeps the names that start with it.
+        stmt = stmt.where(rows.c.name >= prefix, rows.c.name.startswith(prefix, autoescape=True))
+    if group:
+        stmt = stmt.where(rows.c.task_group == group)
+    if tenant:
+        stmt = stmt.where(rows.c.tenant == tenant)
+    if source:
+        stmt = stmt.where(rows.c.source == source)
     if state == "enabled":
         stmt = stmt.where(rows.c.enabled.is_(True))
     elif state == "disabled":
