@@ -147,6 +147,12 @@ def job(state: State, job_id: int, as_json: bool) -> None:
             for r in runs
         ],
     )
+    # [worker] error_messages = "first-line": each failed attempt's message, already redacted.
+    explained = [r for r in runs if r.get("error_message")]
+    if explained:
+        click.echo("")
+        for r in explained:
+            click.echo(f"run {r['run']} attempt {r['attempt']}: {r['error_message']}")
 
 
 @cli.command(name="retry")
