@@ -7,7 +7,8 @@ so even a string that slipped past escaping could not execute.
 
 The routes are split by page, as the queries (``_queries.py``, ``_views.py``), the rendering
 (``_render.py``) and the counts (``_counts.py``) are: ``_page_tasks.py`` (Tasks, Task),
-``_page_jobs.py`` (Jobs, Job), ``_page_health.py``, ``_page_audit.py``, ``_signin.py`` and
+``_page_jobs.py`` (Jobs, Job), ``_page_present.py`` (Running, Queues),
+``_page_health.py``, ``_page_audit.py``, ``_signin.py`` and
 ``_actions.py``, each with its ``routes(dash)``; what they share is ``_state.py``.
 """
 
@@ -28,7 +29,15 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .._config import DashboardSettings
-from . import _actions, _page_audit, _page_health, _page_jobs, _page_tasks, _signin
+from . import (
+    _actions,
+    _page_audit,
+    _page_health,
+    _page_jobs,
+    _page_present,
+    _page_tasks,
+    _signin,
+)
 from ._auth import credentials_match
 from ._render import HERE
 from ._state import Dashboard
@@ -41,7 +50,7 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
     " connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
-PAGES = (_page_tasks, _page_jobs, _page_health, _page_audit, _signin, _actions)
+PAGES = (_page_tasks, _page_jobs, _page_present, _page_health, _page_audit, _signin, _actions)
 
 
 def create_app(
