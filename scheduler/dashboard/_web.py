@@ -31,6 +31,7 @@ from starlette.staticfiles import StaticFiles
 from .._config import DashboardSettings
 from . import (
     _actions,
+    _bulk,
     _page_audit,
     _page_health,
     _page_jobs,
@@ -50,7 +51,16 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
     " connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
-PAGES = (_page_tasks, _page_jobs, _page_present, _page_health, _page_audit, _signin, _actions)
+PAGES = (
+    _page_tasks,
+    _page_jobs,
+    _page_present,
+    _page_health,
+    _page_audit,
+    _signin,
+    _actions,
+    _bulk,
+)
 
 
 def create_app(

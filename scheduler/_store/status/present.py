@@ -135,3 +135,29 @@ def run_history(
         succeeded, total = counts.get(i, (0, 0))
         out.append(Bucket(since + size * i, edges[i], succeeded, total - succeeded))
     return out
+
+
+def matching_ids(
+    conn: Connection,
+    *,
+    state: str,
+    task: str = "",
+    handler: str = "",
+    queue: str = "",
+    upto: int | None = None,
+    limit: int,
+) -> list[int]:
+    """The ids of the jobs in ``state`` that the Jobs page's filter selects, newest first, at
+        most ``limit``, none newer than ``upto``: a bulk action's selection (``state`` leads every
+    index a filter uses; ``upto`` keeps jobs newer than the confirmation out)."""
+    conditions: list[Any] = [jobs.c.state == state]
+    if task:
+        conditions.append(jobs.c.task_name == task)
+    if handler:
+        conditions.append(jobs.c.handler == handler)
+    if queue:
+        conditions.append(jobs.c.queue == queue)
+    if upto is not None:
+        conditions.append(jobs.c.id <= upto)
+    stmt = select(jobs.c.id).where(and_(*conditions)).order_by(jobs.c.id.desc()).limit(limit)
+    return [int(i) for i in conn.execute(stmt).scalars()]
