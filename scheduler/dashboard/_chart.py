@@ -38,8 +38,8 @@ def chart(buckets: Sequence[Bucket], *, title: str) -> Markup:
         f' preserveAspectRatio="xMidYMid meet" aria-labelledby="chart-title chart-desc"'
         f' xmlns="http://www.w3.org/2000/svg">',
         f'<title id="chart-title">{escape(title)}</title>',
-        f'<desc id="chart-desc">{total_ok} attempts succeeded and {total_bad} failed'
-        f" in {len(buckets)} intervals; the table below lists each interval.</desc>",
+        f'<desc id="chart-desc">Attempts in {len(buckets)} intervals: {total_ok} succeeded,'
+        f" {total_bad} failed; the table below lists each interval.</desc>",
         f'<line class="axis" x1="{LEFT}" y1="{TOP + plot_h}" x2="{WIDTH - 4}"'
         f' y2="{TOP + plot_h}"/>',
         f'<text class="tick" x="{LEFT - 4}" y="{TOP + 8}" text-anchor="end">{peak}</text>',

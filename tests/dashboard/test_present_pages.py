@@ -115,7 +115,7 @@ def test_the_queues_page_counts_each_queue_and_charts_the_run_history(app: Sched
     # The chart: an SVG with a title and a description, and its numbers in a table.
     assert '<svg class="chart" role="img"' in body
     assert '<title id="chart-title">' in body
-    assert "5 attempts succeeded and 1 failed in 24 intervals" in body
+    assert "Attempts in 24 intervals: 5 succeeded, 1 failed;" in body
     assert "<script" not in body.split('<main id="live">', 1)[1]
     table = body.split('class="grid compact chart-table">', 1)[1].split("</table>", 1)[0]
     assert "<td>2026-12-05 08:00:00Z</td><td>2026-12-05 09:00:00Z</td>" in table
