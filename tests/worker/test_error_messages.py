@@ -118,3 +118,24 @@ def test_a_bad_value_is_one_line_naming_the_key(tmp_path: Path) -> None:
     assert "app.toml" in str(info.value)
     assert "[worker]" in str(info.value) and "error_messages" in str(info.value)
     assert not (tmp_path / "jobs.db").exists()
+
+
+def test_an_async_handler_keeps_its_message_too(tmp_path: Path) -> None:
+    """An ``async def`` handler runs on the event loop (``work_async``): its failure is
+    written the same way."""
+    import asyncio
+
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    app = Scheduler.from_toml(_config(tmp_path, url, "first-line"), registry=Registry())
+
+    @app.handler("t.async", max_attempts=1, retry_safe=True)
+    async def leaky(job: object) -> None:
+        raise ConnectionError("redis://:asyncSECRET7@cache:6379/0 refused")
+
+    app.migrate()
+    job_id = app.enqueue("t.async")
+    assert asyncio.run(app.work_async()) == 1
+    [run] = app.history(job_id)
+    app.close()
+    assert run["error_message"] == "redis://:***@cache:6379/0 refused"
+    assert b"asyncSECRET7" not in _database_bytes(tmp_path)
