@@ -20,12 +20,13 @@ import uvicorn
 from playwright.sync_api import sync_playwright
 
 from scheduler import PermanentError, Scheduler, TaskSpec
-from scheduler._config import DashboardSettings
+from scheduler._config import DashboardSettings, WorkerSettings
 from scheduler._model.handlers import Registry
 from scheduler._store.status.health import touch
 from scheduler.dashboard import create_app, hash_password
 
 OUT = Path(__file__).resolve().parent / "screenshots"
+RELEASE = threading.Event()  # the exports the Running page shows end when it is set
 CHROMIUM = "/usr/bin/chromium"
 
 
@@ -40,7 +41,13 @@ class Clock:
 def demo(url: str) -> tuple[Scheduler, Clock]:
     """A few tasks with a believable history: healthy, flaky, failing, disabled."""
     clock = Clock(datetime.now(UTC) - timedelta(hours=13))
-    app = Scheduler(url, registry=Registry(), clock=clock, worker_id="web-1:4242:a1b2c3d4")
+    app = Scheduler(
+        url,
+        registry=Registry(),
+        clock=clock,
+        worker_id="web-1:4242:a1b2c3d4",
+        worker=WorkerSettings(error_messages="first-line", queues=("default", "crm")),
+    )
     app.migrate()
     flaky = {"n": 0}
 
@@ -56,7 +63,19 @@ def demo(url: str) -> tuple[Scheduler, Clock]:
 
     @app.handler("billing.invoices", max_attempts=1)
     def invoices(job: object) -> None:
-        raise PermanentError("card_declined")
+        raise RuntimeError(
+            "payment API refused https://billing:s3cr3t@pay.example.com/v2/charges:"
+            " card declined (api_key=sk_live_4242)\nTraceback follows"
+        )
+
+    @app.handler("crm.push", queue="crm", retry_safe=True)
+    def push(job: object) -> None:
+        if job.payload["account"] % 5 == 0:  # type: ignore[attr-defined]
+            raise TimeoutError("crm.example.com did not answer within 30 s")
+
+    @app.handler("reports.export", retry_safe=True)
+    def export(job: object) -> None:
+        RELEASE.wait(120)
 
     @app.handler("cache.warm")
     def warm(job: object) -> None:
@@ -85,6 +104,9 @@ def demo(url: str) -> tuple[Scheduler, Clock]:
             except Exception:
                 pass
         app.tick()
+        app.work()
+        for account in range(int(clock.now.timestamp()) % 7 + 4):
+            app.enqueue("crm.push", {"account": account})
         app.work()
     app.disable("weekly-digest", reason="paused until the new template ships", actor="ann")
     app.put_task(  # a schedule the application made for one of its customers
@@ -155,6 +177,10 @@ def main() -> None:
         while not server.started:
             time.sleep(0.05)
         base = f"http://127.0.0.1:{port}"
+        for month in ("2026-10", "2026-11"):  # running while the pages are taken
+            app.enqueue("reports.export", {"month": month})
+        exporting = threading.Thread(target=app.work, daemon=True)
+        exporting.start()
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1280, "height": 800})
@@ -170,6 +196,9 @@ def main() -> None:
                 "job": f"/jobs/{aborted.last_job_id if aborted else 1}",
                 "health": "/health",
                 "audit": "/audit",
+                "running": "/running",
+                "queues": "/queues",
+                "bulk-confirm": "/jobs/bulk/retry?state=aborted&queue=crm",
             }
             for name, path in shots.items():
                 page.goto(base + path)
@@ -181,6 +210,8 @@ def main() -> None:
                 print("wrote", OUT / f"{name}.png")
             forms(page, base)
             browser.close()
+        RELEASE.set()
+        exporting.join()
         server.should_exit = True
         thread.join()
         app.close()

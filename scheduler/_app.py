@@ -1054,6 +1054,7 @@ class Scheduler:
             queues=w.queues,
             coroutine_runner=self._run_coroutine,
             recorded=self.recorded_hooks,
+            error_messages=w.error_messages,
         )
 
     def _run_coroutine(self, coro: Coroutine[Any, Any, _T]) -> _T:

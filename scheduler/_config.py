@@ -16,6 +16,7 @@ from ._errors import ConfigError, PayloadError
 from ._model.cron import validate_cron, validate_timezone
 from ._model.passwords import check_hash_format
 from ._model.payload import decode_payload, encode_payload, find_credential_key
+from ._model.redact import ERROR_MESSAGES
 from ._model.rows import TaskSpec
 from ._model.rules import (
     MAX_NAME,
@@ -71,6 +72,9 @@ class WorkerSettings:
     purge_aborted_after_days: float = 30.0
     purge_audit_after_days: float = 365.0  # 0 = keep the audit log for ever
     queues: tuple[str, ...] = ("default",)
+    # What a failed run keeps of the exception's message: "none" (its error code only) or
+    # "first-line" (the first line, redacted, at most 300 characters).
+    error_messages: str = "none"
 
 
 @dataclass(frozen=True)
@@ -167,9 +171,14 @@ def _worker_settings(data: Any, path: str) -> WorkerSettings:
         purge_aborted_after_days=t.number("purge_aborted_after_days", positive=True),
         purge_audit_after_days=t.number("purge_audit_after_days"),
         queues=t.strings("queues"),
+        error_messages=t.text("error_messages"),
     )
     if not settings.queues:
         raise t.error("queues", "must name at least one queue")
+    if settings.error_messages not in ERROR_MESSAGES:
+        raise t.error(
+            "error_messages", f"expected 'none' or 'first-line', got {settings.error_messages!r}"
+        )
     return settings
 
 

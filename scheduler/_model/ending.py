@@ -21,6 +21,7 @@ class Ending:
     retry_at: datetime | None = None
     run_code: str | None = None  # the code for the run history, when it differs
     abandoned: bool = False
+    message: str | None = None  # the exception's first line, redacted ([worker] error_messages)
 
     @property
     def result(self) -> str:

@@ -476,6 +476,7 @@ class Finish:
     outcome: str | None = None
     retry_at: datetime | None = None
     started_at: datetime | None = None
+    message: str | None = None  # the run's redacted error message ([worker] error_messages)
 
     def values(self, now: datetime) -> dict[str, Any]:
         if self.state == QUEUED:
@@ -527,6 +528,7 @@ def finish_many(
             now=now,
             worker=owner,
             started_at=f.started_at,
+            error_message=f.message,
         )
         for f in items
         if f.job.id in done
@@ -544,6 +546,7 @@ def _run_values(
     now: datetime,
     worker: str | None,
     started_at: datetime | None = None,
+    error_message: str | None = None,
 ) -> dict[str, Any]:
     return {
         "job_id": job.id,
@@ -554,6 +557,7 @@ def _run_values(
         "error_code": error_code,
         "worker": worker,
         "slot": job.slot,
+        "error_message": error_message,
     }
 
 

@@ -149,7 +149,11 @@ runs = Table(
     Column("error_code", String(200)),
     Column("worker", String(200)),
     Column("slot", UTCDateTime),
+    # The exception's first line, redacted (revision 0009): [worker] error_messages.
+    Column("error_message", String(300)),
     Index("ix_scheduler_runs_job", "job_id"),
+    # The run history by time (revision 0009): the dashboard's chart of runs over time.
+    Index("ix_scheduler_runs_finished", "finished_at", "outcome"),
 )
 
 rows = Table(

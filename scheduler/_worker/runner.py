@@ -26,6 +26,7 @@ from .._model.backoff import Backoff, delay_after
 from .._model.ending import Ending
 from .._model.handlers import Handler, Registry, error_code, is_async_callable
 from .._model.job import Job, RecordedHook
+from .._model.redact import error_message
 from .._model.rules import ABORTED, QUEUED, SUCCEEDED
 from .._store import Connection, Store
 from .._store import jobs as _jobs
@@ -68,6 +69,7 @@ def finish_args(ending: Ending) -> _jobs.Finish:
         outcome=ending.result,
         retry_at=ending.retry_at,
         started_at=ending.started,
+        message=ending.message,
     )
 
 
@@ -118,8 +120,11 @@ class Runner:
         queues: tuple[str, ...] = ("default",),
         coroutine_runner: CoroutineRunner | None = None,
         recorded: list[RecordedHook] | None = None,
+        error_messages: str = "none",
     ) -> None:
         self.store = store
+        #: What a failed run keeps of the exception's message ([worker] error_messages).
+        self.error_messages = error_messages
         #: Called after each commit of outcomes with the (job, outcome) pairs it wrote (the
         #: metrics' outcome counter: one call per batch, not a signal receiver per job). The
         #: app's list, shared: a hook added later is seen.
@@ -298,9 +303,9 @@ class Runner:
                 if inspect.isawaitable(result):
                     return self._returned_awaitable(job, result, started)
         except PermanentError as exc:
-            return self._permanent(job, exc, started)
+            return self._explained(self._permanent(job, exc, started), exc)
         except Exception as exc:
-            return self._failed(job, handler, exc, started)
+            return self._explained(self._failed(job, handler, exc, started), exc)
         finally:
             _CURRENT.reset(token)
         return Ending(job, started, SUCCEEDED, None)
@@ -333,9 +338,9 @@ class Runner:
             task.uncancel()  # ours to finish: record what the cancellation means
             return await self._stopped(job, handler, started)
         except PermanentError as exc:
-            return self._permanent(job, exc, started)
+            return self._explained(self._permanent(job, exc, started), exc)
         except Exception as exc:
-            return await self._failed_async(job, handler, exc, started)
+            return self._explained(await self._failed_async(job, handler, exc, started), exc)
         finally:
             _CURRENT.reset(token)
         return Ending(job, started, SUCCEEDED, None)
@@ -422,6 +427,12 @@ class Runner:
             extra={"action": "job_permanent_error", "job_id": job.id, "code": exc.code},
         )
         return Ending(job, started, ABORTED, exc.code[:200] or "permanent_error")
+
+    def _explained(self, ending: Ending, exc: BaseException) -> Ending:
+        """``ending`` with the exception's first line, redacted, when ``error_messages`` asks
+        for it (the run history keeps it; the log line already has the whole message)."""
+        message = error_message(exc, self.error_messages)
+        return ending if message is None else dataclasses.replace(ending, message=message)
 
     def _log_failure(self, job: Job, exc: BaseException, code: str, which: str) -> None:
         log.warning(

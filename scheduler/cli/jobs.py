@@ -94,7 +94,11 @@ RUNS_HEADER = "RUN|ATTEMPT|STARTED (UTC)|FINISHED (UTC)|OUTCOME|ERROR|WORKER"
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @pass_state
 def job(state: State, job_id: int, as_json: bool) -> None:
-    """Show job ID and its attempts (the run history)."""
+    """Show job ID and its attempts (the run history).
+
+    With [worker] error_messages = "first-line", each failed attempt's message (its first
+    line, secrets redacted) is listed under the attempts.
+    """
     from .._errors import JobStateError
 
     app = state.open()
@@ -147,6 +151,12 @@ def job(state: State, job_id: int, as_json: bool) -> None:
             for r in runs
         ],
     )
+    # [worker] error_messages = "first-line": each failed attempt's message, already redacted.
+    explained = [r for r in runs if r.get("error_message")]
+    if explained:
+        click.echo("")
+        for r in explained:
+            click.echo(f"run {r['run']} attempt {r['attempt']}: {r['error_message']}")
 
 
 @cli.command(name="retry")

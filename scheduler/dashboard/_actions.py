@@ -38,6 +38,7 @@ def endpoint(dash: Dashboard, run: Action) -> Callable[[Request], Awaitable[Resp
         if not dash.signer.check_csrf(session["sid"], str(form.get("csrf") or "")):
             return Response("missing or stale CSRF token: reload the page", status_code=403)
         reason = str(form.get("reason") or "").strip()[:500]
+        request.state.form = form  # for an action that reads more of it (a bulk's filter)
         try:
             message = await run_in_threadpool(run, dash, request, session, reason)
         except SchedulerError as exc:

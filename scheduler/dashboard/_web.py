@@ -7,7 +7,8 @@ so even a string that slipped past escaping could not execute.
 
 The routes are split by page, as the queries (``_queries.py``, ``_views.py``), the rendering
 (``_render.py``) and the counts (``_counts.py``) are: ``_page_tasks.py`` (Tasks, Task),
-``_page_jobs.py`` (Jobs, Job), ``_page_health.py``, ``_page_audit.py``, ``_signin.py`` and
+``_page_jobs.py`` (Jobs, Job), ``_page_present.py`` (Running, Queues),
+``_page_health.py``, ``_page_audit.py``, ``_signin.py`` and
 ``_actions.py``, each with its ``routes(dash)``; what they share is ``_state.py``.
 """
 
@@ -30,9 +31,11 @@ from starlette.staticfiles import StaticFiles
 from .._config import DashboardSettings
 from . import (
     _actions,
+    _bulk,
     _page_audit,
     _page_health,
     _page_jobs,
+    _page_present,
     _page_task_form,
     _page_tasks,
     _signin,
@@ -49,7 +52,17 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
     " connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
-PAGES = (_page_tasks, _page_jobs, _page_health, _page_audit, _signin, _actions, _page_task_form)
+PAGES = (
+    _page_tasks,
+    _page_jobs,
+    _page_present,
+    _page_health,
+    _page_audit,
+    _signin,
+    _actions,
+    _bulk,
+    _page_task_form,
+)
 
 
 def create_app(
