@@ -578,24 +578,29 @@ class Scheduler:
         chosen = self._zoned(spec)
 
         def write(conn: Any) -> TaskChange:
-            now = self.clock()
-            before = _rows.get_row(conn, chosen.name)
+            read: list[datetime] = []
+
+            def clock() -> datetime:  # read once the row is (see _rows.apply)
+                read.append(self.clock())
+                return read[-1]
+
             plan = _rows.apply(
                 conn,
                 [chosen],
-                now=now,
+                now=clock,
                 payload_limit=self.settings.payload_limit_bytes,
                 source=_rows.API,
                 dry_run=dry_run,
                 owner_name=self._owner(),
                 preview=True,
             )
+            now = read[0]
+            row = _rows.get_row(conn, chosen.name)  # after the change (a dry run: before it)
             if plan.unchanged:
-                fires = _rows.fires_of(before, now) if before is not None else ()
-                return TaskChange(UNCHANGED, before, fires, fires, chosen.name)
+                fires = _rows.fires_of(row, now) if row is not None else ()
+                return TaskChange(UNCHANGED, row, fires, fires, chosen.name)
             [found] = plan.changes
-            after = _rows.get_row(conn, chosen.name) if not dry_run else None
-            change = dataclasses.replace(found, row=after if not dry_run else before)
+            change = dataclasses.replace(found, row=row)
             if not dry_run:
                 _audit.record(
                     conn,
@@ -634,11 +639,16 @@ class Scheduler:
         chosen = [self._zoned(spec) for spec in specs]
 
         def write(conn: Any) -> SyncPlan:
-            now = self.clock()
+            read: list[datetime] = []
+
+            def clock() -> datetime:  # read once the rows are (see _rows.apply)
+                read.append(self.clock())
+                return read[-1]
+
             plan = _rows.apply(
                 conn,
                 chosen,
-                now=now,
+                now=clock,
                 payload_limit=self.settings.payload_limit_bytes,
                 source=_rows.API,
                 dry_run=dry_run,
@@ -650,7 +660,7 @@ class Scheduler:
             if not dry_run and (plan.insert or plan.update or plan.remove):
                 _audit.record(
                     conn,
-                    now=now,
+                    now=read[0],
                     actor=who,
                     action="put_tasks",
                     target=None,
