@@ -9,7 +9,7 @@ import socket
 import sys
 import threading
 import uuid
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -1160,10 +1160,26 @@ class Scheduler:
             self.store, name, self.clock(), self.settings.max_consecutive_failures
         )
 
-    def status(self) -> dict[str, Any]:
-        """Rows, job counts and health: the data of ``scheduler status --json``."""
+    def status(self, *, rows: bool = True) -> dict[str, Any]:
+        """Rows, job counts and health: the data of ``scheduler status --json``; without
+        ``rows``, its ``rows`` list is empty (:meth:`status_rows` walks them)."""
         self.check_schema()
-        return _health.status(self.store, self.clock(), self.health_settings())
+        return _health.status(self.store, self.clock(), self.health_settings(), rows=rows)
+
+    def status_summary(self, limit: int = 50) -> dict[str, Any] | None:
+        """``status`` past 200 rows (None at 200 or fewer): the data of :meth:`status`
+        without its ``rows``, plus ``rows_total``, ``rows_enabled``, ``rows_counted`` (per kind
+        of row that needs attention: ``failing``, ``disabled_by_failures``, ``disabled``,
+        ``overdue``, ``held_back``) and ``attention``: at most ``limit`` such rows, each
+        ``{"name", "kind"}``. What ``scheduler status`` prints at that size."""
+        self.check_schema()
+        return _health.summary(self.store, self.clock(), self.health_settings(), limit=limit)
+
+    def status_rows(self) -> Iterator[dict[str, Any]]:
+        """The ``rows`` of :meth:`status`, one at a time, read a page at a time: every row in
+        flat memory (``scheduler status --json`` streams them)."""
+        self.check_schema()
+        return _health.status_rows(self.store)
 
     def health_settings(self) -> _health.HealthSettings:
         """What ``status`` and the dashboard's health page need of this Scheduler's settings."""

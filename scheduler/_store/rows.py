@@ -8,7 +8,7 @@ from dataclasses import fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, func, insert, select, true, update
+from sqlalchemy import Connection, bindparam, case, delete, func, insert, select, true, update
 from sqlalchemy.exc import IntegrityError
 
 from .._errors import ConfigError, SchedulerError, UnknownRow
@@ -78,6 +78,24 @@ def all_rows(conn: Connection, *, payloads: bool = True) -> list[TaskRow]:
     """Every row, by name; without ``payloads`` their views' payloads are empty (``status``,
     which shows none: decoding 10,000 of them was a third of its time)."""
     return [_view(r) for r in conn.execute(_select_rows(payloads=payloads).order_by(rows.c.name))]
+
+
+def rows_after(
+    conn: Connection, after: str | None, limit: int, *, payloads: bool = True
+) -> list[TaskRow]:
+    """The next ``limit`` rows by name after ``after`` (from the first if None): a page of a
+    walk through every row in flat memory (``status --json``)."""
+    stmt = _select_rows(payloads=payloads).order_by(rows.c.name).limit(limit)
+    if after is not None:
+        stmt = stmt.where(rows.c.name > after)
+    return [_view(r) for r in conn.execute(stmt)]
+
+
+def counted(conn: Connection) -> tuple[int, int]:
+    """How many rows there are, and how many of them are enabled (one statement)."""
+    enabled = func.sum(case((rows.c.enabled == true(), 1), else_=0))
+    total, on = conn.execute(select(func.count(), enabled).select_from(rows)).one()
+    return int(total), int(on or 0)
 
 
 def _write(conn: Connection, name: str, now: datetime, **values: Any) -> None:
