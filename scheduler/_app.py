@@ -1171,7 +1171,8 @@ class Scheduler:
         without its ``rows``, plus ``rows_total``, ``rows_enabled``, ``rows_counted`` (per kind
         of row that needs attention: ``failing``, ``disabled_by_failures``, ``disabled``,
         ``overdue``, ``held_back``) and ``attention``: at most ``limit`` such rows, each
-        ``{"name", "kind"}``. What ``scheduler status`` prints at that size."""
+        ``{"name", "kind"}`` (``attention_more``: there are more). What ``scheduler status``
+        prints at that size."""
         self.check_schema()
         return _health.summary(self.store, self.clock(), self.health_settings(), limit=limit)
 

@@ -160,8 +160,7 @@ def print_summary(data: dict[str, Any]) -> None:
     )
     attention = data["attention"]
     if attention:
-        need = sum(counted.values())
-        shown = f"first {len(attention)} of {need:,}" if need > len(attention) else "all"
+        shown = f"the first {len(attention)}" if data["attention_more"] else "all"
         click.echo(f"\nneed attention ({shown}; `scheduler explain NAME` says why):")
         table("NAME|WHY", [[a["name"], a["kind"].replace("_", " ")] for a in attention])
     click.echo("\njobs: " + ", ".join(f"{state} {n}" for state, n in data["jobs"].items()))

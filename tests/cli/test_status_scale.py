@@ -49,7 +49,7 @@ def test_status_past_200_rows_prints_counts_and_who_needs_attention(
         lines = out.splitlines()
         assert lines[0].startswith("tasks: 261 (201 enabled, 60 disabled); ")
         assert "disabled 60" in lines[0]
-        assert "need attention (first 50 of 60;" in out
+        assert "need attention (the first 50;" in out
         listed = [line.split()[0] for line in lines if line.startswith("t-")]
         assert listed == [f"t-{i:04d}" for i in range(50)]  # at most 50, by name
         assert "t-0100" not in out  # no table of every row
@@ -58,6 +58,7 @@ def test_status_past_200_rows_prints_counts_and_who_needs_attention(
         summary = app.status_summary()
         assert summary is not None and summary["rows_total"] == 261
         assert "rows" not in summary and len(summary["attention"]) == 50
+        assert summary["attention_more"] and summary["rows_counted"]["disabled"] == 60
     finally:
         app.close()
 

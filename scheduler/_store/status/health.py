@@ -473,7 +473,8 @@ def summary(
     """``status`` past :data:`SUMMARY_ABOVE` rows (None at that many or fewer): its object
     without ``rows``, plus ``rows_total``, ``rows_enabled``, ``rows_counted`` (the rows of
     each kind of :data:`ATTENTION`) and ``attention``: at most ``limit`` rows that need it,
-    each ``{"name", "kind"}``, a row once (its first kind)."""
+    each ``{"name", "kind"}``, a row once (its first kind); ``attention_more`` if there are
+    more than those."""
     with store.read() as conn:
         total, enabled = _rows.counted(conn)
     if total <= SUMMARY_ABOVE:
@@ -484,16 +485,22 @@ def summary(
     del data["rows"]
     seen: set[str] = set()
     attention: list[dict[str, str]] = []
+    more = any(warned.more(kind) for kind in ATTENTION)
     for kind in ATTENTION:
         for name in warned.names(kind):
-            if name not in seen and len(attention) < limit:
-                seen.add(name)
-                attention.append({"name": name, "kind": kind})
+            if name in seen:
+                continue
+            if len(attention) == limit:
+                more = True
+                break
+            seen.add(name)
+            attention.append({"name": name, "kind": kind})
     data.update(
         rows_total=total,
         rows_enabled=enabled,
         rows_counted={kind: warned.total[kind] for kind in ATTENTION},
         attention=attention,
+        attention_more=more,
     )
     return data
 
