@@ -9,7 +9,7 @@ import socket
 import sys
 import threading
 import uuid
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -578,24 +578,29 @@ class Scheduler:
         chosen = self._zoned(spec)
 
         def write(conn: Any) -> TaskChange:
-            now = self.clock()
-            before = _rows.get_row(conn, chosen.name)
+            read: list[datetime] = []
+
+            def clock() -> datetime:  # read once the row is (see _rows.apply)
+                read.append(self.clock())
+                return read[-1]
+
             plan = _rows.apply(
                 conn,
                 [chosen],
-                now=now,
+                now=clock,
                 payload_limit=self.settings.payload_limit_bytes,
                 source=_rows.API,
                 dry_run=dry_run,
                 owner_name=self._owner(),
                 preview=True,
             )
+            now = read[0]
+            row = _rows.get_row(conn, chosen.name)  # after the change (a dry run: before it)
             if plan.unchanged:
-                fires = _rows.fires_of(before, now) if before is not None else ()
-                return TaskChange(UNCHANGED, before, fires, fires, chosen.name)
+                fires = _rows.fires_of(row, now) if row is not None else ()
+                return TaskChange(UNCHANGED, row, fires, fires, chosen.name)
             [found] = plan.changes
-            after = _rows.get_row(conn, chosen.name) if not dry_run else None
-            change = dataclasses.replace(found, row=after if not dry_run else before)
+            change = dataclasses.replace(found, row=row)
             if not dry_run:
                 _audit.record(
                     conn,
@@ -634,11 +639,16 @@ class Scheduler:
         chosen = [self._zoned(spec) for spec in specs]
 
         def write(conn: Any) -> SyncPlan:
-            now = self.clock()
+            read: list[datetime] = []
+
+            def clock() -> datetime:  # read once the rows are (see _rows.apply)
+                read.append(self.clock())
+                return read[-1]
+
             plan = _rows.apply(
                 conn,
                 chosen,
-                now=now,
+                now=clock,
                 payload_limit=self.settings.payload_limit_bytes,
                 source=_rows.API,
                 dry_run=dry_run,
@@ -650,7 +660,7 @@ class Scheduler:
             if not dry_run and (plan.insert or plan.update or plan.remove):
                 _audit.record(
                     conn,
-                    now=now,
+                    now=read[0],
                     actor=who,
                     action="put_tasks",
                     target=None,
@@ -1151,10 +1161,27 @@ class Scheduler:
             self.store, name, self.clock(), self.settings.max_consecutive_failures
         )
 
-    def status(self) -> dict[str, Any]:
-        """Rows, job counts and health: the data of ``scheduler status --json``."""
+    def status(self, *, rows: bool = True) -> dict[str, Any]:
+        """Rows, job counts and health: the data of ``scheduler status --json``; without
+        ``rows``, its ``rows`` list is empty (:meth:`status_rows` walks them)."""
         self.check_schema()
-        return _health.status(self.store, self.clock(), self.health_settings())
+        return _health.status(self.store, self.clock(), self.health_settings(), rows=rows)
+
+    def status_summary(self, limit: int = 50) -> dict[str, Any] | None:
+        """``status`` past 200 rows (None at 200 or fewer): the data of :meth:`status`
+        without its ``rows``, plus ``rows_total``, ``rows_enabled``, ``rows_counted`` (per kind
+        of row that needs attention: ``failing``, ``disabled_by_failures``, ``disabled``,
+        ``overdue``, ``held_back``) and ``attention``: at most ``limit`` such rows, each
+        ``{"name", "kind"}`` (``attention_more``: there are more). What ``scheduler status``
+        prints at that size."""
+        self.check_schema()
+        return _health.summary(self.store, self.clock(), self.health_settings(), limit=limit)
+
+    def status_rows(self) -> Iterator[dict[str, Any]]:
+        """The ``rows`` of :meth:`status`, one at a time, read a page at a time: every row in
+        flat memory (``scheduler status --json`` streams them)."""
+        self.check_schema()
+        return _health.status_rows(self.store)
 
     def health_settings(self) -> _health.HealthSettings:
         """What ``status`` and the dashboard's health page need of this Scheduler's settings."""

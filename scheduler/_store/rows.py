@@ -8,7 +8,7 @@ from dataclasses import fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, func, insert, select, true, update
+from sqlalchemy import Connection, bindparam, case, delete, func, insert, select, true, update
 from sqlalchemy.exc import IntegrityError
 
 from .._errors import ConfigError, SchedulerError, UnknownRow
@@ -78,6 +78,24 @@ def all_rows(conn: Connection, *, payloads: bool = True) -> list[TaskRow]:
     """Every row, by name; without ``payloads`` their views' payloads are empty (``status``,
     which shows none: decoding 10,000 of them was a third of its time)."""
     return [_view(r) for r in conn.execute(_select_rows(payloads=payloads).order_by(rows.c.name))]
+
+
+def rows_after(
+    conn: Connection, after: str | None, limit: int, *, payloads: bool = True
+) -> list[TaskRow]:
+    """The next ``limit`` rows by name after ``after`` (from the first if None): a page of a
+    walk through every row in flat memory (``status --json``)."""
+    stmt = _select_rows(payloads=payloads).order_by(rows.c.name).limit(limit)
+    if after is not None:
+        stmt = stmt.where(rows.c.name > after)
+    return [_view(r) for r in conn.execute(stmt)]
+
+
+def counted(conn: Connection) -> tuple[int, int]:
+    """How many rows there are, and how many of them are enabled (one statement)."""
+    enabled = func.sum(case((rows.c.enabled == true(), 1), else_=0))
+    total, on = conn.execute(select(func.count(), enabled).select_from(rows)).one()
+    return int(total), int(on or 0)
 
 
 def _write(conn: Connection, name: str, now: datetime, **values: Any) -> None:
@@ -295,16 +313,23 @@ def _read_existing(
     group: str | None,
     replace: bool,
     others: bool = True,
+    lock: bool = False,
 ) -> dict[str, Any]:
     """The stored rows (``_READ`` tuples) of the tasks' names, whoever owns them; and every
     row of the owner that a sync (the file's rows) or a group's replacement may change.
     Without ``others``, the owner's rows only (a sync, whose INSERT then finds a name that
-    the other owner holds: :class:`NameTaken`)."""
+    the other owner holds: :class:`NameTaken`). With ``lock``, the owner's rows are read
+    ``FOR UPDATE`` (by name order: two callers lock in the same order), so that no tick moves
+    them between this read and the writes that follow it."""
     columns = [rows.c[c] for c in _READ]
     found: dict[str, Any] = {}
+
+    def owned(stmt: Any) -> Any:
+        return stmt.order_by(rows.c.name).with_for_update() if lock else stmt
+
     if source == FILE or len(names) > _READ_ALL_ABOVE:
         # The owner's rows in one read (the file's: through (source, name)).
-        for row in conn.execute(select(*columns).where(rows.c.source == source)):
+        for row in conn.execute(owned(select(*columns).where(rows.c.source == source))):
             found[row[0]] = row
         others_names = [n for n in names if n not in found] if others else []
         for i in range(0, len(others_names), _CHUNK):  # the names among the other owner's
@@ -312,12 +337,13 @@ def _read_existing(
             stmt = select(*columns).where(rows.c.name.in_(chunk), rows.c.source != source)
             found.update((row[0], row) for row in conn.execute(stmt))
     else:
-        for i in range(0, len(names), _CHUNK):
-            stmt = select(*columns).where(rows.c.name.in_(names[i : i + _CHUNK]))
-            found.update((row[0], row) for row in conn.execute(stmt))
+        ordered = sorted(names) if lock else names
+        for i in range(0, len(ordered), _CHUNK):
+            stmt = select(*columns).where(rows.c.name.in_(ordered[i : i + _CHUNK]))
+            found.update((row[0], row) for row in conn.execute(owned(stmt)))
     if replace and group is not None:
         stmt = select(*columns).where(rows.c.task_group == group, rows.c.source == API)
-        found.update((row[0], row) for row in conn.execute(stmt))
+        found.update((row[0], row) for row in conn.execute(owned(stmt)))
     return found
 
 
@@ -335,7 +361,7 @@ def apply(
     conn: Connection,
     tasks: Iterable[Any],
     *,
-    now: datetime,
+    now: datetime | Callable[[], datetime],
     payload_limit: int,
     source: str,
     dry_run: bool = False,
@@ -358,6 +384,13 @@ def apply(
     executemany writes the new rows, one per set of changed columns writes the changed ones,
     and one disables (or removes) the rows gone. Unchanged rows get no statement at all.
     ``preview`` fills ``plan.changes`` with each changed task's fires before and after.
+
+    ``now`` may be the clock itself: it is then read once the rows are read, and the owner
+    ``api``'s rows are read ``FOR UPDATE`` (unless ``dry_run``). A tick that moved a row past
+    a slot it dispatched has then committed before the read, at an instant of the clock before
+    this one; or it waits, and loses its compare-and-swap. A changed schedule's first slot,
+    computed from ``now``, can so never be a slot a tick has already dispatched (an instant
+    read before the row was, and a tick committing in between, made it one: issue 33).
     """
     from .._model import slots as _slots
 
@@ -367,7 +400,12 @@ def apply(
     names = [task.name for task in tasks]
     # A sync reads the file's rows alone (one statement); a name of the application's makes
     # its INSERT fail (NameTaken, told apart by the caller). A dry run looks it up instead.
-    existing = _read_existing(conn, names, source, group, replace, source != FILE or dry_run)
+    lock = source == API and not dry_run and callable(now)
+    existing = _read_existing(
+        conn, names, source, group, replace, source != FILE or dry_run, lock=lock
+    )
+    if callable(now):
+        now = now()
     checked: list[tuple[str, str | None, str | None]] = []
     seen: set[str] = set()
     for task in tasks:

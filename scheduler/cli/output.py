@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import textwrap
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
@@ -119,6 +122,47 @@ def print_status(data: dict[str, Any]) -> None:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
     if not data["rows"]:
         click.echo("no tasks (run `scheduler sync`)")
+    click.echo("\njobs: " + ", ".join(f"{state} {n}" for state, n in data["jobs"].items()))
+    h = data["health"]
+    click.echo(
+        f"health: waiting {h['waiting']}, stopped {h['stopped']}, overdue {h['overdue']},"
+        f" stalled {'yes' if h['stalled'] else 'no'}; last tick {h['last_tick_at'] or '-'},"
+        f" {len(h['workers'])} worker(s)"
+    )
+    for warning in h["warnings"]:
+        click.echo(f"warning: {warning}")
+
+
+def stream_status(data: dict[str, Any], rows: Iterator[dict[str, Any]]) -> None:
+    """``json.dumps(data, indent=2)`` with ``rows`` as its ``rows`` list, the same text,
+    written a row at a time (the rows are never all in memory)."""
+    rest = json.dumps({k: v for k, v in data.items() if k != "rows"}, indent=2)
+    first = next(rows, None)
+    if first is None:
+        click.echo('{\n  "rows": [],\n' + rest[2:])
+        return
+    click.echo('{\n  "rows": [')
+    item = first
+    for following in rows:
+        click.echo(textwrap.indent(json.dumps(item, indent=2), "    ") + ",")
+        item = following
+    click.echo(textwrap.indent(json.dumps(item, indent=2), "    "))
+    click.echo("  ],\n" + rest[2:])
+
+
+def print_summary(data: dict[str, Any]) -> None:
+    """``status`` past 200 tasks: counts, and the tasks that need attention."""
+    counted = data["rows_counted"]
+    total, enabled = data["rows_total"], data["rows_enabled"]
+    click.echo(
+        f"tasks: {total:,} ({enabled:,} enabled, {total - enabled:,} disabled); "
+        + ", ".join(f"{kind.replace('_', ' ')} {n:,}" for kind, n in counted.items())
+    )
+    attention = data["attention"]
+    if attention:
+        shown = f"the first {len(attention)}" if data["attention_more"] else "all"
+        click.echo(f"\nneed attention ({shown}; `scheduler explain NAME` says why):")
+        table("NAME|WHY", [[a["name"], a["kind"].replace("_", " ")] for a in attention])
     click.echo("\njobs: " + ", ".join(f"{state} {n}" for state, n in data["jobs"].items()))
     h = data["health"]
     click.echo(

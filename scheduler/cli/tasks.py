@@ -85,12 +85,20 @@ def tick(state: State, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @pass_state
 def status(state: State, as_json: bool) -> None:
-    """Show tasks, job counts and health warnings."""
-    data = state.open().status()
+    """Show tasks, job counts and health warnings.
+
+    Past 200 tasks: their counts, and at most 50 that need attention (failing, disabled,
+    overdue, held back); --json lists every task (streamed).
+    """
+    app = state.open()
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        output.stream_status(app.status(rows=False), app.status_rows())
         return
-    output.print_status(data)
+    summary = app.status_summary()
+    if summary is not None:
+        output.print_summary(summary)
+        return
+    output.print_status(app.status())
 
 
 @cli.command()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -440,6 +440,68 @@ def status(
     settings = settings or HealthSettings()
     data = _read(store, now, settings, rows=rows, limit=None, finished=True)[0]
     data["health"]["warnings"].extend(_horizon_warnings(store, settings.thresholds))
+    return data
+
+
+STATUS_PAGE = 1_000
+"""Rows per read when ``status --json`` walks every row (:func:`status_rows`)."""
+
+
+def status_rows(store: Store, page: int = STATUS_PAGE) -> Iterator[dict[str, Any]]:
+    """``status``'s ``rows`` list, one row at a time, in flat memory: pages of ``page`` rows
+    by name (each read through the name's index from the last name of the previous one)."""
+    after: str | None = None
+    while True:
+        with store.read() as conn:
+            found = _rows.rows_after(conn, after, page, payloads=False)
+            backfilled = _jobs.latest_states(conn, [r.name for r in found if r.last_job_id is None])
+        yield from (_row(r, backfilled.get(r.name)) for r in found)
+        if len(found) < page:
+            return
+        after = found[-1].name
+
+
+SUMMARY_ABOVE = 200
+"""Rows past which ``scheduler status`` prints counts and the rows that need attention."""
+ATTENTION = ("failing", "disabled_by_failures", "disabled", "overdue", "held_back")
+"""The kinds of rows that need attention, in the order ``status`` lists them."""
+
+
+def summary(
+    store: Store, now: datetime, settings: HealthSettings | None = None, *, limit: int = 50
+) -> dict[str, Any] | None:
+    """``status`` past :data:`SUMMARY_ABOVE` rows (None at that many or fewer): its object
+    without ``rows``, plus ``rows_total``, ``rows_enabled``, ``rows_counted`` (the rows of
+    each kind of :data:`ATTENTION`) and ``attention``: at most ``limit`` rows that need it,
+    each ``{"name", "kind"}``, a row once (its first kind); ``attention_more`` if there are
+    more than those."""
+    with store.read() as conn:
+        total, enabled = _rows.counted(conn)
+    if total <= SUMMARY_ABOVE:
+        return None
+    settings = settings or HealthSettings()
+    data, warned = _read(store, now, settings, rows=False, limit=limit, finished=True)
+    data["health"]["warnings"].extend(_horizon_warnings(store, settings.thresholds))
+    del data["rows"]
+    seen: set[str] = set()
+    attention: list[dict[str, str]] = []
+    more = any(warned.more(kind) for kind in ATTENTION)
+    for kind in ATTENTION:
+        for name in warned.names(kind):
+            if name in seen:
+                continue
+            if len(attention) == limit:
+                more = True
+                break
+            seen.add(name)
+            attention.append({"name": name, "kind": kind})
+    data.update(
+        rows_total=total,
+        rows_enabled=enabled,
+        rows_counted={kind: warned.total[kind] for kind in ATTENTION},
+        attention=attention,
+        attention_more=more,
+    )
     return data
 
 
