@@ -126,6 +126,9 @@ def print_status(data: dict[str, Any]) -> None:
         f" stalled {'yes' if h['stalled'] else 'no'}; last tick {h['last_tick_at'] or '-'},"
         f" {len(h['workers'])} worker(s)"
     )
+    if h.get("unserved"):
+        ready = ", ".join(f"{u['handler']} ({u['ready']} ready)" for u in h["unserved"])
+        click.echo(f"no live worker runs: {ready}")
     for warning in h["warnings"]:
         click.echo(f"warning: {warning}")
 

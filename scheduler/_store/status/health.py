@@ -28,6 +28,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from ..._model.rows import TaskRow
 from ..._model.rules import ABORTED, STATES, Thresholds
 from ..._model.time import in_zone, iso
+from .. import handlers as _handlers
 from .. import jobs as _jobs
 from .. import rows as _rows
 from .. import wakeup as _wakeup
@@ -54,6 +55,7 @@ def touch(
     *,
     keep_latest: bool = False,
     clock_offset: float | None = None,
+    handlers: str | None = None,
 ) -> None:
     """Record that ``worker_id`` is alive (and when it last ticked, and how far its host's
     clock is from the database's, when measured); registers it if needed.
@@ -61,7 +63,8 @@ def touch(
     Two processes may register one id at once (``scheduler tick`` runs share their host's id):
     the one that loses (a duplicate key on PostgreSQL, a deadlock on MariaDB) updates the row
     the other inserted. ``keep_latest``: an older ``last_tick_at`` than the one on record (from
-    another process of the host) leaves it.
+    another process of the host) leaves it. ``handlers``: the names the worker runs (a JSON
+    list, :func:`..handlers.names_text`), written when it registers.
     """
     values: dict[str, Any] = {"last_seen_at": now, "last_tick_at": last_tick_at}
     if clock_offset is not None:
@@ -86,6 +89,7 @@ def touch(
                             hostname=socket.gethostname(),
                             pid=os.getpid(),
                             started_at=now,
+                            handlers=handlers,
                             **values,
                         )
                     )
@@ -125,6 +129,21 @@ def forget(
     )
     with store.begin() as conn:
         conn.execute(delete(workers).where(condition))
+
+
+def _unserved(conn: Any, now: datetime, seen: list[Any], gone_after: float) -> dict[str, int]:
+    """Ready jobs by handler that no live worker runs (live: seen within ``gone_after``
+    seconds, as ``status`` counts workers). A live worker that did not say which handlers it
+    runs (an older release) may run any: then none is listed."""
+    served: set[str] = set()
+    for w in seen:
+        if w.id.endswith(TICK_SUFFIX) or w.last_seen_at <= now - timedelta(seconds=gone_after):
+            continue
+        names = _handlers.names_of(w.handlers)
+        if names is None:
+            return {}
+        served |= names
+    return _handlers.unserved(conn, now, frozenset(served))
 
 
 def _row(row: TaskRow, backfilled: str | None = None) -> dict[str, Any]:
@@ -360,6 +379,7 @@ def _read(
         agg = _counts.health_figures(conn, now, limits.job_overdue, finished=finished)
         warned = _warned.read(conn, now, limits, limit=limit)
         seen = list(conn.execute(select(workers).order_by(workers.c.started_at)))
+        unserved = _unserved(conn, now, seen, limits.worker_gone)
     counts = {state: int(agg._mapping[state]) for state in (STATES if finished else LIVE)}
     waiting, overdue, stopped = int(agg.waiting), int(agg.overdue), int(agg.stopped)
     oldest_ready, last_finished = agg.oldest_ready, agg.last_finished
@@ -410,6 +430,7 @@ def _read(
             "rows_disabled": warned.names("disabled"),
             "last_tick_at": iso(facts.last_tick),
             "last_finished_at": iso(last_finished),
+            "unserved": [{"handler": name, "ready": count} for name, count in unserved.items()],
             "workers": [
                 {
                     "id": w.id,
