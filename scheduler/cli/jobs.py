@@ -341,7 +341,9 @@ def enqueue_command(
     Its queue and max_attempts are the handler's, as the workers registered it when they
     started (no handler module is imported here). A handler that no worker has registered is
     still enqueued, with a warning. With --dedupe-key K held by an active (queued or claimed)
-    job, nothing is enqueued: the existing job's id is printed and the command exits 1.
+    job, nothing is enqueued: the existing job's id is printed (stdout) with one error line
+    (stderr) and the command exits 1. --json prints {"id": N, "enqueued": true|false, "job":
+    {...}}.
     """
     import warnings
 

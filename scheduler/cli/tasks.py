@@ -85,7 +85,11 @@ def tick(state: State, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @pass_state
 def status(state: State, as_json: bool) -> None:
-    """Show tasks, job counts and health warnings."""
+    """Show tasks, job counts and health warnings.
+
+    Also lists the ready jobs whose handler no live worker runs, by handler (in --json:
+    health.unserved, [{"handler": ..., "ready": N}]).
+    """
     data = state.open().status()
     if as_json:
         click.echo(json.dumps(data, indent=2))
