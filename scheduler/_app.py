@@ -247,8 +247,14 @@ class Scheduler:
         return self.registry.set_tenant_context(factory)
 
     def _job_defaults(self, handler: str) -> tuple[int, str]:
+        """For the tick, trigger, backfill and retry: this process's registration, else what
+        this process keeps of a worker's record (read by its worker, never here), else the
+        defaults."""
         found = self.registry.get(handler)
-        return (found.max_attempts, found.queue) if found else (3, "default")
+        if found is not None:
+            return found.max_attempts, found.queue
+        kept = self.known_handlers.peek(handler)
+        return (kept.max_attempts, kept.queue) if kept is not None else (3, "default")
 
     def _enqueue_defaults(self, handler: str) -> tuple[int, str]:
         """A new job's ``max_attempts`` and queue: this process's registration, else what a

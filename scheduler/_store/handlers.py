@@ -184,6 +184,26 @@ class Known:
             )
         return found
 
+    def peek(self, name: str) -> Recorded | None:
+        """What is kept of ``name`` (however old), reading nothing: for the tick, which asks
+        inside its transaction. Workers keep it filled (:meth:`load_all`)."""
+        hit = self._found.get(name)
+        return hit[1] if hit is not None else None
+
+    def load_all(self) -> int:
+        """Read every recorded handler (one query) and keep them; how many. A worker does it
+        when it starts and at each housekeeping (about once a minute), so that its tick gives a
+        task's job the recorded settings of a handler this process did not register."""
+        now = time.monotonic()
+        with self._store.read() as conn:
+            found = recorded(conn)
+        with self._lock:
+            if len(self._found) + len(found) > KEEP_NAMES:
+                self._found.clear()
+            for one in found:
+                self._found[one.name] = (now, one)
+        return len(found)
+
     def forget(self) -> None:
         """Read every name again at its next enqueue."""
         with self._lock:

@@ -517,6 +517,7 @@ class Worker:
         if purged := self.app.purge():
             _log(logging.INFO, "purged", "purged %s old job(s)", purged)
         self.app.deliver_pending_alerts()
+        self.app.known_handlers.load_all()
         _health.forget(self.app.store, seen_before=self.app.clock() - FORGET_WORKERS_AFTER)
 
     def _heartbeat(self) -> None:
@@ -608,6 +609,7 @@ class Worker:
         _handlers.record(
             app.store, app.registry.settings(), now=app.clock(), worker_id=app.worker_id
         )
+        app.known_handlers.load_all()  # the tick's jobs of handlers other workers registered
 
     def _touch(self, force: bool = False) -> None:
         if force or time.monotonic() - self._touched >= PRESENCE_SECONDS:

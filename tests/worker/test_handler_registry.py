@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select
 
-from scheduler import Scheduler, UnknownHandlerWarning
+from scheduler import Job, Scheduler, TaskSpec, UnknownHandlerWarning
 from scheduler._model.handlers import Registry
 from scheduler._store import handlers as _handlers
 from scheduler._store.status import health as _health
@@ -169,3 +169,32 @@ def test_status_lists_ready_jobs_that_no_live_worker_runs(db_url: str) -> None:
         assert app.status()["health"]["unserved"] == []
     finally:
         app.close()
+
+
+def triggered(app: Scheduler, name: str) -> Job | None:
+    """Trigger task ``name`` and tick: the job the tick dispatched."""
+    app.trigger(name)
+    app.tick()
+    row = app.get_row(name)
+    assert row is not None and row.last_job_id is not None
+    return app.get_job(row.last_job_id)
+
+
+def test_a_tick_only_worker_gives_task_jobs_the_recorded_settings(db_url: str) -> None:
+    worker = worker_app(db_url)
+    task = TaskSpec(name="push-nightly", cron="0 3 * * *", handler="crm.push")
+    web = Scheduler(db_url, registry=Registry(), tasks=[task])  # imports no handler module
+    try:
+        Worker(worker).run(once=True)
+        web.sync()
+        before = triggered(web, "push-nightly")
+        assert before is not None and (before.queue, before.max_attempts) == ("default", 3)
+        web.cancel_job(before.id)
+        # A worker with concurrency 0 (tick only, as in a web process) reads the records when
+        # it starts: its tick and trigger give the task's jobs the handler's settings.
+        Worker(web, concurrency=0).run(once=True)
+        after = triggered(web, "push-nightly")
+        assert after is not None and (after.queue, after.max_attempts) == ("crm", 1)
+    finally:
+        web.close()
+        worker.close()
