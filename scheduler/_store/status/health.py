@@ -368,9 +368,11 @@ def _read(
     rows: bool,
     limit: int | None,
     finished: bool,
+    unserved: bool = False,
 ) -> tuple[dict[str, Any], _warned.WarnedRows]:
     """``status``'s object and the rows that warn, read in one transaction: the row list (only
-    with ``rows``), the job aggregates, the rows that warn (:mod:`.warned`), the workers."""
+    with ``rows``), the job aggregates, the rows that warn (:mod:`.warned`), the workers, and
+    (with ``unserved``, when jobs are ready) the ready jobs no live worker runs."""
     limits = settings.thresholds
     with store.read() as conn:
         task_rows = _rows.all_rows(conn, payloads=False) if rows else []
@@ -379,7 +381,8 @@ def _read(
         agg = _counts.health_figures(conn, now, limits.job_overdue, finished=finished)
         warned = _warned.read(conn, now, limits, limit=limit)
         seen = list(conn.execute(select(workers).order_by(workers.c.started_at)))
-        unserved = _unserved(conn, now, seen, limits.worker_gone)
+        waiting_jobs = unserved and int(agg.waiting) > 0
+        unrun = _unserved(conn, now, seen, limits.worker_gone) if waiting_jobs else {}
     counts = {state: int(agg._mapping[state]) for state in (STATES if finished else LIVE)}
     waiting, overdue, stopped = int(agg.waiting), int(agg.overdue), int(agg.stopped)
     oldest_ready, last_finished = agg.oldest_ready, agg.last_finished
@@ -430,7 +433,7 @@ def _read(
             "rows_disabled": warned.names("disabled"),
             "last_tick_at": iso(facts.last_tick),
             "last_finished_at": iso(last_finished),
-            "unserved": [{"handler": name, "ready": count} for name, count in unserved.items()],
+            "unserved": [{"handler": name, "ready": count} for name, count in unrun.items()],
             "workers": [
                 {
                     "id": w.id,
@@ -459,7 +462,7 @@ def status(
     (``Scheduler.status()`` checks the schema first). Without ``rows`` its ``rows`` list is
     empty."""
     settings = settings or HealthSettings()
-    data = _read(store, now, settings, rows=rows, limit=None, finished=True)[0]
+    data = _read(store, now, settings, rows=rows, limit=None, finished=True, unserved=True)[0]
     data["health"]["warnings"].extend(_horizon_warnings(store, settings.thresholds))
     return data
 
@@ -494,5 +497,6 @@ def overview(
         store, now, settings or HealthSettings(), rows=False, limit=limit, finished=False
     )
     del data["rows"]
+    del data["health"]["unserved"]  # not read here (the page does not show it)
     data["rows_counted"] = dict(warned.total)
     return data
