@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         PermanentError,
         SchedulerError,
         SchemaOutdated,
+        UnknownHandlerWarning,
         UnknownRow,
     )
     from ._model.job import Job
@@ -51,6 +52,7 @@ _WHERE = {
     "TaskRow": "._model.rows",
     "TaskSpec": "._model.rows",
     "TickReport": "._model.report",
+    "UnknownHandlerWarning": "._errors",
     "UnknownRow": "._errors",
     "current_job": "._worker.runner",
     "default_registry": "._app",
@@ -102,6 +104,7 @@ __all__ = [
     "TaskRow",
     "TaskSpec",
     "TickReport",
+    "UnknownHandlerWarning",
     "UnknownRow",
     "__version__",
     "current_job",

@@ -36,6 +36,7 @@ from ._store import Engine, Store, make_engine
 from ._store import audit as _audit
 from ._store import clock as _clock
 from ._store import decisions as _decisions
+from ._store import handlers as _handlers
 from ._store import jobs as _jobs
 from ._store import migrate as _migrate
 from ._store import rows as _rows
@@ -190,6 +191,8 @@ class Scheduler:
         #: Told of every runner's committed outcomes: (the job as written, how it ended);
         #: ``scheduler.metrics`` adds its counter here.
         self.recorded_hooks: list[RecordedHook] = []
+        #: The settings workers recorded for handlers this process has not registered.
+        self.known_handlers = _handlers.Known(self.store)
 
     def clock_offset(self) -> float | None:
         """The database server's time minus this host's wall clock, in seconds (None on
@@ -244,8 +247,23 @@ class Scheduler:
         return self.registry.set_tenant_context(factory)
 
     def _job_defaults(self, handler: str) -> tuple[int, str]:
+        """For the tick, trigger, backfill and retry: this process's registration, else what
+        this process keeps of a worker's record (read by its worker, never here), else the
+        defaults."""
         found = self.registry.get(handler)
-        return (found.max_attempts, found.queue) if found else (3, "default")
+        if found is not None:
+            return found.max_attempts, found.queue
+        kept = self.known_handlers.peek(handler)
+        return (kept.max_attempts, kept.queue) if kept is not None else (3, "default")
+
+    def _enqueue_defaults(self, handler: str) -> tuple[int, str]:
+        """A new job's ``max_attempts`` and queue: this process's registration, else what a
+        worker recorded (read once per name, then kept: :class:`._store.handlers.Known`)."""
+        found = self.registry.get(handler)
+        if found is not None:
+            return found.max_attempts, found.queue
+        recorded = self.known_handlers.get(handler)
+        return (recorded.max_attempts, recorded.queue) if recorded else (3, "default")
 
     # -- schema -------------------------------------------------------------------------
     def migrate(self, revision: str = "head") -> None:
@@ -780,7 +798,10 @@ class Scheduler:
         from ._model.payload import encode_payload
 
         text = encode_payload(payload, self.settings.payload_limit_bytes)
-        default_attempts, default_queue = self._job_defaults(handler)
+        if queue is not None and max_attempts is not None:
+            default_attempts, default_queue = max_attempts, queue  # both given: nothing to read
+        else:
+            default_attempts, default_queue = self._enqueue_defaults(handler)
         queue = queue or default_queue
         _rules.check_text(handler=handler, queue=queue, dedupe_key=dedupe_key)
         return _jobs.new_job_values(

@@ -182,6 +182,21 @@ def _worker_settings(data: Any, path: str) -> WorkerSettings:
     return settings
 
 
+def worker_options(
+    settings: WorkerSettings, *, queues: str | None = None, concurrency: int | None = None
+) -> WorkerSettings:
+    """``scheduler worker``'s ``--queues`` (comma-separated) and ``--concurrency`` over the
+    file's ``[worker]`` values, checked as the file's keys are (the same error lines)."""
+    if queues is None and concurrency is None:
+        return settings
+    merged: dict[str, Any] = asdict(settings)
+    if queues is not None:
+        merged["queues"] = [part.strip() for part in queues.split(",")]
+    if concurrency is not None:
+        merged["concurrency"] = concurrency
+    return _worker_settings(merged, "command line (--queues, --concurrency)")
+
+
 def broker_url_problem(url: str) -> str | None:
     """Why ``url`` is not a broker URL (redis://, rediss:// or unix://), or None."""
     from urllib.parse import urlsplit

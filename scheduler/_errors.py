@@ -43,3 +43,7 @@ class PermanentError(Exception):
     def __init__(self, code: str = "permanent_error", message: str | None = None) -> None:
         super().__init__(message or code)
         self.code = code
+
+
+class UnknownHandlerWarning(UserWarning):
+    """A job was enqueued for a handler that neither this process nor any worker registered."""

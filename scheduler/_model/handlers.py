@@ -97,6 +97,14 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._handlers)
 
+    def settings(self) -> list[tuple[str, str, int, bool]]:
+        """``(name, queue, max_attempts, retry_safe)`` of every handler, by name: what a
+        worker records for the other processes."""
+        return [
+            (h.name, h.queue, h.max_attempts, h.retry_safe)
+            for _, h in sorted(self._handlers.items())
+        ]
+
     def async_names(self) -> frozenset[str]:
         """The names of the ``async def`` handlers."""
         return frozenset(name for name, h in self._handlers.items() if h.is_async)

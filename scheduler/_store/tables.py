@@ -243,4 +243,21 @@ workers = Table(
     Column("last_tick_at", UTCDateTime),
     # Seconds the host's clock is ahead of the database's (negative: behind), when measured.
     Column("clock_offset", Float),
+    # The handler names this worker registered, a JSON list (revision 0010); None: unknown.
+    Column("handlers", Text),
 )
+
+HandlerName = _UniqueKey(TEXT_LIMITS["handler"])
+
+handlers = Table(
+    "scheduler_handlers",
+    metadata,
+    Column("name", HandlerName, primary_key=True),
+    Column("queue", String(TEXT_LIMITS["queue"]), nullable=False),
+    Column("max_attempts", Integer, nullable=False),
+    Column("retry_safe", Boolean, nullable=False),
+    Column("registered_at", UTCDateTime, nullable=False),
+    Column("registered_by", String(200), nullable=False),
+)
+"""Each handler a worker registered, with its settings, so that any process can enqueue it
+(revision 0010)."""

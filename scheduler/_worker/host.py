@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .._model.report import TickReport
     from .._model.time import Clock
     from .._store import Store
+    from .._store.handlers import Known
     from .runner import Runner
 
 
@@ -32,6 +33,7 @@ class Host(Protocol):
     metrics_settings: MetricsSettings
     config_path: str | None
     recorded_hooks: list[RecordedHook]
+    known_handlers: Known
 
     def clock_offset(self) -> float | None:
         """The database's clock minus this host's, in seconds (None when not measured)."""

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from .._model.backoff import Backoff
 from .._model.ending import Ending
 from .._model.job import Job
+from .._store import handlers as _handlers
 from .._store import wakeup as _wakeup
 from .._store.retry import is_transient
 from .._store.status import health as _health
@@ -168,6 +169,7 @@ class Worker:
     def run(self, *, once: bool = False, install_signals: bool = False) -> WorkerResult:
         """Work until stopped; with ``once``: take over, tick, run what is ready, return."""
         self._start_up(self.app.check_schema)
+        self._start_up(self._record_handlers)
         if self._serve_metrics:
             self._telemetry.open()
         self._start_up(lambda: self._touch(force=True))
@@ -234,9 +236,7 @@ class Worker:
     def _listen(self) -> None:
         """Hear of new jobs at once (scheduler/_store/wakeup/): each wake-up sets ``_wake``, as a
         finished job does; the poll below stays as the safety net."""
-        waiter = _wakeup.Waiter(
-            self._wake, self.app.worker_settings.queues, self.app.clock, self._has_free
-        )
+        waiter = _wakeup.Waiter(self._wake, self.settings.queues, self.app.clock, self._has_free)
         try:
             self._listening = _wakeup.listen(self.app.store, waiter)
         except Exception as exc:  # never a reason not to work: the poll finds the jobs
@@ -517,6 +517,7 @@ class Worker:
         if purged := self.app.purge():
             _log(logging.INFO, "purged", "purged %s old job(s)", purged)
         self.app.deliver_pending_alerts()
+        self.app.known_handlers.load_all()
         _health.forget(self.app.store, seen_before=self.app.clock() - FORGET_WORKERS_AFTER)
 
     def _heartbeat(self) -> None:
@@ -601,12 +602,27 @@ class Worker:
         _log(logging.INFO, "worker_stopping", "%s: %s", signal.Signals(signum).name, doing)
         self.stop(force)
 
+    def _record_handlers(self) -> None:
+        """Write this process's handlers and their settings for every other process (one
+        statement), so that an ``enqueue`` where they are not registered uses them."""
+        app = self.app
+        _handlers.record(
+            app.store, app.registry.settings(), now=app.clock(), worker_id=app.worker_id
+        )
+        app.known_handlers.load_all()  # the tick's jobs of handlers other workers registered
+
     def _touch(self, force: bool = False) -> None:
         if force or time.monotonic() - self._touched >= PRESENCE_SECONDS:
             app = self.app
             offset = app.clock_offset()
+            runs = app.registry.names() if self.concurrency > 0 else []  # 0: it runs none
             _health.touch(
-                app.store, app.worker_id, app.clock(), self._ticked_at, clock_offset=offset
+                app.store,
+                app.worker_id,
+                app.clock(),
+                self._ticked_at,
+                clock_offset=offset,
+                handlers=_handlers.names_text(runs),
             )
             self._touched = time.monotonic()
 

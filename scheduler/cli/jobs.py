@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import json
+import sys
 from datetime import datetime
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import click
 
+from .._errors import ConfigError
 from .._model.defaults import AUDIT_LIMIT, BACKFILL_MAX, JOB_STATES, LIST_LIMIT
 from .._model.time import in_zone, iso
 from ._group import State, audited, cli, pass_state, unknown_handlers, users_of
@@ -289,3 +292,95 @@ def audit_command(state: State, name: str | None, limit: int, as_json: bool) -> 
         for e in found
     ]
     table(AUDIT_HEADER, lines)
+
+
+def _enqueue_payload(text: str | None, handler: str) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"enqueue {handler!r}: --payload: not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"enqueue {handler!r}: --payload: expected a JSON object")
+    return value
+
+
+def _enqueue_time(text: str | None, handler: str, zone: str) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(
+            f"enqueue {handler!r}: --run-at: {text!r} is not an ISO-8601 date or time"
+            " (2026-11-01T03:00, 2026-11-01T02:00:00Z)"
+        ) from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=ZoneInfo(zone))
+
+
+@cli.command(name="enqueue")
+@click.argument("handler", metavar="HANDLER")
+@click.option("--payload", metavar="JSON", help="The job's payload, a JSON object.")
+@click.option(
+    "--run-at",
+    metavar="T",
+    help="Not before T (ISO-8601; without an offset, [scheduler] timezone) [default: now].",
+)
+@click.option(
+    "--queue", metavar="Q", help="Its queue [default: the handler's, as a worker registered it]."
+)
+@click.option(
+    "--dedupe-key",
+    metavar="K",
+    help="At most one active job per key: if one holds K, nothing is enqueued (exit 1).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@pass_state
+def enqueue_command(
+    state: State,
+    handler: str,
+    payload: str | None,
+    run_at: str | None,
+    queue: str | None,
+    dedupe_key: str | None,
+    as_json: bool,
+) -> None:
+    """Enqueue a job of HANDLER and print its id.
+
+    Its queue and max_attempts are the handler's, as the workers registered it when they
+    started (no handler module is imported here). A handler that no worker has registered is
+    still enqueued, with a warning. With --dedupe-key K held by an active (queued or claimed)
+    job, nothing is enqueued: the existing job's id is printed (stdout) with one error line
+    (stderr) and the command exits 1. --json prints {"id": N, "enqueued": true|false, "job":
+    {...}}.
+    """
+    import warnings
+
+    from .._errors import UnknownHandlerWarning
+
+    app = state.open()
+    values = _enqueue_payload(payload, handler)
+    when = _enqueue_time(run_at, handler, app.settings.timezone)
+    began = app.clock()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UnknownHandlerWarning)
+        job_id = app.enqueue(handler, values, run_at=when, queue=queue, dedupe_key=dedupe_key)
+    for warning in caught:
+        click.echo(f"warning: {warning.message}", err=True)
+    job = app.get_job(job_id)
+    # A job made before this command began holds the key: this one was not enqueued.
+    held = dedupe_key is not None and job is not None and job.created_at < began
+    if as_json:
+        found: dict[str, Any] = job_dict(job) if job is not None else {"id": job_id}
+        click.echo(json.dumps({"id": job_id, "enqueued": not held, "job": found}, indent=2))
+    else:
+        click.echo(str(job_id))
+    if held:
+        assert job is not None
+        click.echo(
+            f"error: dedupe key {dedupe_key!r} is held by job {job_id} ({job.state}):"
+            " nothing enqueued",
+            err=True,
+        )
+        sys.exit(1)

@@ -123,14 +123,7 @@ def print_status(data: dict[str, Any]) -> None:
     if not data["rows"]:
         click.echo("no tasks (run `scheduler sync`)")
     click.echo("\njobs: " + ", ".join(f"{state} {n}" for state, n in data["jobs"].items()))
-    h = data["health"]
-    click.echo(
-        f"health: waiting {h['waiting']}, stopped {h['stopped']}, overdue {h['overdue']},"
-        f" stalled {'yes' if h['stalled'] else 'no'}; last tick {h['last_tick_at'] or '-'},"
-        f" {len(h['workers'])} worker(s)"
-    )
-    for warning in h["warnings"]:
-        click.echo(f"warning: {warning}")
+    print_health(data["health"])
 
 
 def stream_status(data: dict[str, Any], rows: Iterator[dict[str, Any]]) -> None:
@@ -164,12 +157,19 @@ def print_summary(data: dict[str, Any]) -> None:
         click.echo(f"\nneed attention ({shown}; `scheduler explain NAME` says why):")
         table("NAME|WHY", [[a["name"], a["kind"].replace("_", " ")] for a in attention])
     click.echo("\njobs: " + ", ".join(f"{state} {n}" for state, n in data["jobs"].items()))
-    h = data["health"]
+    print_health(data["health"])
+
+
+def print_health(h: dict[str, Any]) -> None:
+    """The health line of ``status`` (a table's or a summary's), then its warnings."""
     click.echo(
         f"health: waiting {h['waiting']}, stopped {h['stopped']}, overdue {h['overdue']},"
         f" stalled {'yes' if h['stalled'] else 'no'}; last tick {h['last_tick_at'] or '-'},"
         f" {len(h['workers'])} worker(s)"
     )
+    if h.get("unserved"):
+        ready = ", ".join(f"{u['handler']} ({u['ready']} ready)" for u in h["unserved"])
+        click.echo(f"no live worker runs: {ready}")
     for warning in h["warnings"]:
         click.echo(f"warning: {warning}")
 

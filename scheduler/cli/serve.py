@@ -45,13 +45,24 @@ def migrate(state: State, revision: str) -> None:
     help="Jobs run at once (0: tick only) [default: [worker] concurrency].",
 )
 @click.option(
+    "--queues",
+    metavar="Q[,Q...]",
+    help="Claim jobs of these queues only, comma-separated [default: [worker] queues].",
+)
+@click.option(
     "--allow-unknown-handlers",
     is_flag=True,
     help="Start even if an enabled task names a handler that no module in [worker] imports"
     " registered (its jobs then abort with no_handler); logged as a warning.",
 )
 @pass_state
-def worker(state: State, once: bool, concurrency: int | None, allow_unknown_handlers: bool) -> None:
+def worker(
+    state: State,
+    once: bool,
+    concurrency: int | None,
+    queues: str | None,
+    allow_unknown_handlers: bool,
+) -> None:
     """Run the worker: tick, claim and run jobs.
 
     Imports the [worker] imports modules, then ticks every tick_interval and runs ready jobs
@@ -59,9 +70,14 @@ def worker(state: State, once: bool, concurrency: int | None, allow_unknown_hand
     lets the running jobs finish within shutdown_grace_seconds (a second signal: no wait),
     leaves any still running to lease expiry and takeover, and exits 0.
     """
+    from .._config import worker_options
     from .._worker.worker import Worker
 
     app = state.open()
+    # The options win over the file's [worker] values (checked alike).
+    app.worker_settings = worker_options(
+        app.worker_settings, queues=queues, concurrency=concurrency
+    )
     state.import_handlers()
     problems = unknown_handlers(app, enabled_rows(app))
     if problems and not allow_unknown_handlers:
@@ -75,7 +91,7 @@ def worker(state: State, once: bool, concurrency: int | None, allow_unknown_hand
         sys.exit(1)
     for problem in problems:
         log.warning("%s", problem)
-    result = Worker(app, concurrency=concurrency).run(once=once, install_signals=True)
+    result = Worker(app).run(once=once, install_signals=True)
     if result.left_running:
         # Their threads would keep the interpreter alive; their leases expire instead.
         hard_exit(0)

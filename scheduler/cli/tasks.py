@@ -88,7 +88,9 @@ def status(state: State, as_json: bool) -> None:
     """Show tasks, job counts and health warnings.
 
     Past 200 tasks: their counts, and at most 50 that need attention (failing, disabled,
-    overdue, held back); --json lists every task (streamed).
+    overdue, held back); --json lists every task (streamed). Also lists the ready jobs whose
+    handler no live worker runs, by handler (in --json: health.unserved, [{"handler": ...,
+    "ready": N}]).
     """
     app = state.open()
     if as_json:

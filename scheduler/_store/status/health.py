@@ -28,6 +28,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from ..._model.rows import TaskRow
 from ..._model.rules import ABORTED, STATES, Thresholds
 from ..._model.time import in_zone, iso
+from .. import handlers as _handlers
 from .. import jobs as _jobs
 from .. import rows as _rows
 from .. import wakeup as _wakeup
@@ -54,6 +55,7 @@ def touch(
     *,
     keep_latest: bool = False,
     clock_offset: float | None = None,
+    handlers: str | None = None,
 ) -> None:
     """Record that ``worker_id`` is alive (and when it last ticked, and how far its host's
     clock is from the database's, when measured); registers it if needed.
@@ -61,7 +63,8 @@ def touch(
     Two processes may register one id at once (``scheduler tick`` runs share their host's id):
     the one that loses (a duplicate key on PostgreSQL, a deadlock on MariaDB) updates the row
     the other inserted. ``keep_latest``: an older ``last_tick_at`` than the one on record (from
-    another process of the host) leaves it.
+    another process of the host) leaves it. ``handlers``: the names the worker runs (a JSON
+    list, :func:`..handlers.names_text`), written when it registers.
     """
     values: dict[str, Any] = {"last_seen_at": now, "last_tick_at": last_tick_at}
     if clock_offset is not None:
@@ -86,6 +89,7 @@ def touch(
                             hostname=socket.gethostname(),
                             pid=os.getpid(),
                             started_at=now,
+                            handlers=handlers,
                             **values,
                         )
                     )
@@ -125,6 +129,21 @@ def forget(
     )
     with store.begin() as conn:
         conn.execute(delete(workers).where(condition))
+
+
+def _unserved(conn: Any, now: datetime, seen: list[Any], gone_after: float) -> dict[str, int]:
+    """Ready jobs by handler that no live worker runs (live: seen within ``gone_after``
+    seconds, as ``status`` counts workers). A live worker that did not say which handlers it
+    runs (an older release) may run any: then none is listed."""
+    served: set[str] = set()
+    for w in seen:
+        if w.id.endswith(TICK_SUFFIX) or w.last_seen_at <= now - timedelta(seconds=gone_after):
+            continue
+        names = _handlers.names_of(w.handlers)
+        if names is None:
+            return {}
+        served |= names
+    return _handlers.unserved(conn, now, frozenset(served))
 
 
 def _row(row: TaskRow, backfilled: str | None = None) -> dict[str, Any]:
@@ -349,9 +368,11 @@ def _read(
     rows: bool,
     limit: int | None,
     finished: bool,
+    unserved: bool = False,
 ) -> tuple[dict[str, Any], _warned.WarnedRows]:
     """``status``'s object and the rows that warn, read in one transaction: the row list (only
-    with ``rows``), the job aggregates, the rows that warn (:mod:`.warned`), the workers."""
+    with ``rows``), the job aggregates, the rows that warn (:mod:`.warned`), the workers, and
+    (with ``unserved``, when jobs are ready) the ready jobs no live worker runs."""
     limits = settings.thresholds
     with store.read() as conn:
         task_rows = _rows.all_rows(conn, payloads=False) if rows else []
@@ -360,6 +381,8 @@ def _read(
         agg = _counts.health_figures(conn, now, limits.job_overdue, finished=finished)
         warned = _warned.read(conn, now, limits, limit=limit)
         seen = list(conn.execute(select(workers).order_by(workers.c.started_at)))
+        waiting_jobs = unserved and int(agg.waiting) > 0
+        unrun = _unserved(conn, now, seen, limits.worker_gone) if waiting_jobs else {}
     counts = {state: int(agg._mapping[state]) for state in (STATES if finished else LIVE)}
     waiting, overdue, stopped = int(agg.waiting), int(agg.overdue), int(agg.stopped)
     oldest_ready, last_finished = agg.oldest_ready, agg.last_finished
@@ -410,6 +433,7 @@ def _read(
             "rows_disabled": warned.names("disabled"),
             "last_tick_at": iso(facts.last_tick),
             "last_finished_at": iso(last_finished),
+            "unserved": [{"handler": name, "ready": count} for name, count in unrun.items()],
             "workers": [
                 {
                     "id": w.id,
@@ -438,7 +462,7 @@ def status(
     (``Scheduler.status()`` checks the schema first). Without ``rows`` its ``rows`` list is
     empty."""
     settings = settings or HealthSettings()
-    data = _read(store, now, settings, rows=rows, limit=None, finished=True)[0]
+    data = _read(store, now, settings, rows=rows, limit=None, finished=True, unserved=True)[0]
     data["health"]["warnings"].extend(_horizon_warnings(store, settings.thresholds))
     return data
 
@@ -535,5 +559,6 @@ def overview(
         store, now, settings or HealthSettings(), rows=False, limit=limit, finished=False
     )
     del data["rows"]
+    del data["health"]["unserved"]  # not read here (the page does not show it)
     data["rows_counted"] = dict(warned.total)
     return data
