@@ -19,6 +19,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterError, croniter
 from croniter.croniter import MARKER, HashExpander
 
+from .rules import did_you_mean
 from .time import in_zone, offset_in
 
 __all__ = [
@@ -46,7 +47,10 @@ def validate_timezone(tz: str) -> ZoneInfo:
     try:
         return ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise ValueError(f"unknown timezone {tz!r}") from None
+        from zoneinfo import available_timezones  # only for a mistake: it reads every zone
+
+        hint = did_you_mean(tz, available_timezones())
+        raise ValueError(f"unknown timezone {tz!r}{hint}") from None
 
 
 # A field (or one item of a comma list) that croniter hashes: H, H(a-b), H/n, H(a-b)/n.
