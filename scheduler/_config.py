@@ -256,11 +256,10 @@ def _dashboard_settings(data: Any, path: str) -> DashboardSettings:
             check_hash_format(optional["password_hash"])
         except ValueError as exc:
             raise t.error("password_hash", str(exc)) from None
-    if (optional["username"] is None) != (optional["password_hash"] is None) and not os.environ.get(
-        DASHBOARD_PASSWORD_ENV
-    ):
-        missing = "password_hash" if optional["password_hash"] is None else "username"
-        raise t.error(missing, "missing: username and password_hash go together")
+    # A username alone is complete here: its hash may be in the environment of the one process
+    # that needs it, `scheduler dashboard`, which refuses to start without it.
+    if optional["password_hash"] is not None and optional["username"] is None:
+        raise t.error("username", "missing: username and password_hash go together")
     port = t.integer("port", 1)
     if port > 65535:
         raise t.error("port", f"must be at most 65535, got {port}")

@@ -19,6 +19,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterError, croniter
 from croniter.croniter import MARKER, HashExpander
 
+from .rules import did_you_mean
 from .time import in_zone, offset_in
 
 __all__ = [
@@ -46,7 +47,10 @@ def validate_timezone(tz: str) -> ZoneInfo:
     try:
         return ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise ValueError(f"unknown timezone {tz!r}") from None
+        from zoneinfo import available_timezones  # only for a mistake: it reads every zone
+
+        hint = did_you_mean(tz, available_timezones())
+        raise ValueError(f"unknown timezone {tz!r}{hint}") from None
 
 
 # A field (or one item of a comma list) that croniter hashes: H, H(a-b), H/n, H(a-b)/n.
@@ -111,13 +115,26 @@ def hash_free(expr: str, name: str) -> str:
     return " ".join(fields)
 
 
+_DOW = 4  # the index of the day-of-week field in croniter's expansion
+
+
+def _expand_strictly(expr: str, hash_id: bytes | None = None) -> None:
+    """Raise CroniterError unless croniter reads `expr`, refusing a day of the month that can
+    never occur in its months (``0 0 31 2 *``), as croniter's strict mode does, but only when
+    the day of the week is a wildcard: with both day fields restricted, cron(8) fires on a
+    day that matches either (``0 0 31 2 MON``: every Monday in February)."""
+    expanded, _ = croniter.expand(expr, hash_id=hash_id)
+    if expanded[_DOW] == ["*"]:
+        croniter.expand(expr, hash_id=hash_id, strict=True)
+
+
 @functools.lru_cache(maxsize=65536)
 def _is_valid(expr: str, free: str) -> bool:
     """Whether `expr`, drawn as `free`, passes :func:`validate_cron` (checked once per form)."""
     if _check_syntax(expr) is not None:
         return False
     try:
-        croniter.expand(free, strict=True)
+        _expand_strictly(free)
         croniter(free, datetime.now(UTC)).get_next(datetime)
     except CroniterError:
         return False
@@ -137,7 +154,7 @@ def validate_cron(expr: str, name: str) -> str:
     if reason is None:
         hash_id = _hash_id(expr, name)
         try:
-            croniter.expand(expr, hash_id=hash_id, strict=True)
+            _expand_strictly(expr, hash_id)
             croniter(expr, datetime.now(UTC), hash_id=hash_id).get_next(datetime)
         except CroniterError as exc:
             reason = str(exc) or type(exc).__name__
@@ -246,21 +263,50 @@ def _next_real_time(expr: str, tz: str, hash_id: bytes | None, after_utc: dateti
     raise RuntimeError(f"no slot found for cron {expr!r} in {tz} after {after_utc.isoformat()}")
 
 
+def _wall_to_instant(zone: ZoneInfo, wall: datetime) -> datetime:
+    """The instant a fixed-hour slot at the naive wall-clock time `wall` fires in `zone`: its
+    first occurrence, or for a time inside a spring-forward gap the first instant after the
+    gap (the shift itself, whatever the slot's minutes and seconds)."""
+    naive = wall.replace(tzinfo=None, fold=0)
+    early = zone.utcoffset(naive)  # fold=0: the offset before a shift, for a gap or a repeat
+    assert early is not None
+    utc = (naive - early).replace(tzinfo=UTC)
+    if in_zone(utc, zone).replace(tzinfo=None, fold=0) == naive:
+        return utc  # the wall-clock time exists: its first occurrence
+    late = zone.utcoffset(naive.replace(fold=1))  # in a gap: the offset after the shift
+    assert late is not None
+    shift = _offset_changes(zone, (naive - late).replace(tzinfo=UTC), utc)
+    assert shift is not None  # the two readings of a gap straddle its shift
+    return shift
+
+
+def _next_fixed_hour(expr: str, tz: str, hash_id: bytes | None, after_utc: datetime) -> datetime:
+    """The first slot after ``after_utc`` of a fixed-hour ``expr`` in ``tz``.
+
+    The expression is walked on the wall clock alone (read at offset 0, where no time is
+    missing or repeated), from the wall-clock time of ``after_utc``; each wall-clock time is
+    mapped to its instant (:func:`_wall_to_instant`): a repeated time to its first occurrence,
+    one inside a gap to the gap's end, where all the gap's slots merge into one fire.
+    """
+    zone = ZoneInfo(tz)
+    it = _fixed_offset_iterator(expr, 0, hash_id)
+    wall = in_zone(after_utc, zone).replace(tzinfo=UTC, fold=0)
+    with _lock:  # a cached iterator is stateful
+        it.set_current(wall.timestamp(), force=True)
+        for _ in range(MAX_SKIPS):
+            candidate: datetime = it.get_next(datetime)
+            utc = _wall_to_instant(zone, candidate)
+            if utc > after_utc:
+                return utc
+    raise RuntimeError(f"no slot found for cron {expr!r} in {tz} after {after_utc.isoformat()}")
+
+
 # One tick asks for the slot after the same `now` for every row with the same expression.
 @functools.lru_cache(maxsize=1024)
 def _next(expr: str, tz: str, hash_id: bytes | None, after_utc: datetime) -> datetime:
     if not has_fixed_hour(expr):
         return _next_real_time(expr, tz, hash_id, after_utc)
-    it = _iterator(expr, tz, hash_id)
-    with _lock:  # a cached iterator is stateful
-        it.set_current(after_utc.timestamp(), force=True)  # a timestamp is never ambiguous
-        for _ in range(MAX_SKIPS):
-            local: datetime = it.get_next(datetime)
-            utc = local.astimezone(UTC)
-            if utc <= after_utc or _is_repeat(local):
-                continue
-            return utc
-    raise RuntimeError(f"no slot found for cron {expr!r} in {tz} after {after_utc.isoformat()}")
+    return _next_fixed_hour(expr, tz, hash_id, after_utc)
 
 
 # -- the DST cases the decision log records (SPEC §9) --------------------------------------

@@ -12,18 +12,58 @@ from .._errors import PayloadError
 
 DEFAULT_PAYLOAD_LIMIT = 64 * 1024
 
-# Matched case-insensitively against each key with separators removed, so that
-# "api_key", "API-Key" and "apiKey" are all caught.
-_CREDENTIAL = re.compile(
-    r"(password|passwd|passphrase|secret|token|apikey|authorization|credentials?"
-    r"|privatekey|session|cookie|accesskey)",
+# A key is split into words on "_", "-", ".", spaces and camelCase ("x-api-key", "apiKey",
+# "sessionToken", "DB_PASSWORD", "APIKey"), and is credential-like when one of its words is a
+# credential word, or two adjacent words make one ("api key"); a word that merely contains
+# one ("tokenizer", "secretary", "max_tokens") is not. docs/reference/toml.md lists both ways.
+_CREDENTIAL_WORDS = frozenset(
+    {
+        "password", "passwords", "passwd", "passphrase", "secret", "secrets", "token",
+        "apikey", "apikeys", "authorization", "credential", "credentials", "privatekey",
+        "accesskey", "secretkey", "session", "cookie", "cookies",
+    }
+)  # fmt: skip
+# Written as one word, a compound ending in one of these is credential-like too
+# ("accesstoken", "clientsecret", "dbpassword"); "session" and "authorization" only whole.
+_CREDENTIAL_ENDINGS = (
+    "token", "password", "passwd", "passphrase", "secret", "cookie", "credential",
+    "credentials", "apikey", "privatekey", "accesskey", "secretkey",
+)  # fmt: skip
+_CREDENTIAL_PAIRS = frozenset(
+    {("api", "key"), ("api", "keys"), ("private", "key"), ("private", "keys")}
+    | {("access", "key"), ("access", "keys")}
 )
+# A token that names a place in a listing, not a credential ("pageToken", "next_page_token").
+_CURSOR_WORDS = frozenset({"page", "continuation", "pagination", "cursor", "idempotency"})
+_SEPARATORS = re.compile(r"[\s_\-.]+")
+_CAMEL_WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[^A-Z0-9]+|[0-9]+")
+
+
+def key_words(key: str) -> list[str]:
+    """The lower-cased words of ``key``, split on "_", "-", ".", spaces and camelCase."""
+    return [word.lower() for part in _SEPARATORS.split(key) for word in _CAMEL_WORDS.findall(part)]
+
+
+def _is_cursor_compound(word: str) -> bool:
+    """A cursor written as one word: "pagetoken", "continuationtoken"."""
+    return word.endswith("token") and word[: -len("token")].endswith(tuple(_CURSOR_WORDS))
 
 
 @functools.lru_cache(maxsize=4096)  # payloads of many tasks (or jobs) share their keys
 def is_credential_key(key: str) -> bool:
-    """Whether ``key`` looks like it names a credential."""
-    return _CREDENTIAL.search(re.sub(r"[\s_\-.]", "", key).lower()) is not None
+    """Whether ``key`` looks like it names a credential: one of its words is a credential word
+    (``access_token``, ``sessionToken``, ``db_password``), or two adjacent words are
+    (``api_key``, ``x-api-key``, ``privateKey``); ``max_tokens`` or ``tokenizer`` are not."""
+    words = key_words(key)
+    for i, word in enumerate(words):
+        before = words[i - 1] if i else ""
+        if word == "token" and before in _CURSOR_WORDS:
+            continue
+        if word in _CREDENTIAL_WORDS or (before, word) in _CREDENTIAL_PAIRS:
+            return True
+        if word.endswith(_CREDENTIAL_ENDINGS) and not _is_cursor_compound(word):
+            return True
+    return False
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, allow_nan=False)

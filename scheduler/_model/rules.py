@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -227,6 +227,16 @@ def is_table(value: Any) -> bool:
     return isinstance(value, Mapping)
 
 
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the choice closest to a mistyped `word` (compared without
+    regard to case), or an empty string when none is close."""
+    import difflib  # only for a mistake: `scheduler --help` need not load it
+
+    by_folded = {choice.casefold(): choice for choice in choices}
+    close = difflib.get_close_matches(word.casefold(), list(by_folded), n=1)
+    return f" (did you mean {by_folded[close[0]]!r}?)" if close else ""
+
+
 class Keys:
     """One table of keys being read (a TOML table, or keyword arguments): ``defaults`` lists
     its keys (:data:`MISSING`: required), and every error is one line naming ``where`` (the
@@ -242,11 +252,7 @@ class Keys:
     def check_keys(self) -> Keys:
         for key in self.data:
             if key not in self.defaults:
-                import difflib  # only for a mistake: `scheduler --help` need not load it
-
-                close = difflib.get_close_matches(str(key), list(self.defaults), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise self.error(str(key), f"unknown key{hint}")
+                raise self.error(str(key), f"unknown key{did_you_mean(str(key), self.defaults)}")
         return self
 
     def error(self, key: str, message: str) -> ConfigError:

@@ -164,12 +164,15 @@ def disable(
 ) -> None:
     """Pause the row; ``note`` is the operator's reason (``disabled_note``, shown by status).
     A ``disabled`` entry goes in the decision log (reason `reason`, detail the note), for the
-    slot the row was due at next (none for a row that was disabled already)."""
+    slot the row was due at next (none for a row that was disabled already). Disabling a row
+    that is disabled already without a note keeps the note it has."""
     from .._model import slots as _slots
 
     row = get_row(conn, name)
     if row is None:
         raise UnknownRow(f"no task named {name!r} (run `scheduler sync`?)")
+    if note is None and not row.enabled:
+        note = row.disabled_note
     _write(
         conn, name, now, enabled=False, disabled_reason=reason, disabled_at=now, disabled_note=note
     )

@@ -6,7 +6,6 @@ Scheduler when a command first needs it, one error line per failure, and the ent
 from __future__ import annotations
 
 import atexit
-import difflib
 import logging
 import os
 import sys
@@ -34,13 +33,27 @@ log = logging.getLogger("scheduler.cli")  # also when run as `python -m schedule
 _user_code_imported = False
 
 
+def _database_line(exc: BaseException) -> str:
+    """The first line of a database error (the driver's own, when SQLAlchemy wraps one)."""
+    orig = getattr(exc, "orig", None)
+    lines = [ln.strip() for ln in str(orig if orig is not None else exc).splitlines()]
+    return next((ln for ln in lines if ln), type(exc).__name__)
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """True for the error of a server that could not be reached or used (refused, timed out,
+    a wrong password): SQLAlchemy's OperationalError or InterfaceError."""
+    sqlalchemy_exc = sys.modules.get("sqlalchemy.exc")  # not imported: not its error
+    return sqlalchemy_exc is not None and isinstance(
+        exc, sqlalchemy_exc.OperationalError | sqlalchemy_exc.InterfaceError
+    )
+
+
 def describe(exc: BaseException) -> str:
     """One line saying what went wrong."""
     sqlalchemy_exc = sys.modules.get("sqlalchemy.exc")  # not imported: not its error
     if sqlalchemy_exc is not None and isinstance(exc, sqlalchemy_exc.SQLAlchemyError):
-        orig = getattr(exc, "orig", None)
-        lines = [ln.strip() for ln in str(orig if orig is not None else exc).splitlines()]
-        return f"database error: {next((ln for ln in lines if ln), type(exc).__name__)}"
+        return f"database error: {_database_line(exc)}"
     text = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
     if isinstance(exc, SchedulerError | ImportError):
         return text or type(exc).__name__
@@ -109,6 +122,13 @@ class State:
                 # `scheduler migrate` alone would read ./app.toml: name the file in use.
                 again = f"`scheduler --config {self.config} migrate`"
                 raise type(exc)(str(exc).replace("`scheduler migrate`", again)) from None
+            except Exception as exc:
+                if not _unreachable(exc):
+                    raise
+                # The first contact with the server: say which database, and where its URL
+                # came from, as the other database errors do.
+                where = f"database {self.app.database_name} ({self.app.database_source})"
+                raise SchedulerError(f"{where}: {_database_line(exc)}") from exc
         return self.app
 
     def import_handlers(self) -> None:
@@ -194,6 +214,8 @@ def unknown_handlers(app: Scheduler, users: Users) -> list[str]:
     for handler, (names, count) in users.items():
         if handler in app.registry:
             continue
+        import difflib  # only for a mistake
+
         close = difflib.get_close_matches(handler, known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         if count == 1:

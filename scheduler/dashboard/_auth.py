@@ -81,18 +81,24 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def credentials(settings: DashboardSettings) -> tuple[str, str] | None:
-    """(username, password hash) from ``[dashboard]``, the hash overridden by the env."""
+def credentials(settings: DashboardSettings, where: str = "[dashboard]") -> tuple[str, str] | None:
+    """(username, password hash) from ``[dashboard]``, the hash overridden by the env.
+
+    Only the dashboard reads them: a file with a ``username`` whose hash is in the environment
+    loads in every process, and the dashboard alone refuses to start without the hash."""
     password_hash = os.environ.get(DASHBOARD_PASSWORD_ENV) or settings.password_hash
     if not password_hash:
+        if settings.username:
+            raise ConfigError(
+                f"{where}: key 'password_hash': missing (username is set): set it in the file"
+                f" or in ${DASHBOARD_PASSWORD_ENV} (`scheduler dashboard --hash-password`)"
+            )
         return None
     if not settings.username:
         source = (
             "$" + DASHBOARD_PASSWORD_ENV if os.environ.get(DASHBOARD_PASSWORD_ENV) else "the file"
         )
-        raise ConfigError(
-            f"[dashboard]: key 'username': missing (a password hash is set in {source})"
-        )
+        raise ConfigError(f"{where}: key 'username': missing (a password hash is set in {source})")
     return settings.username, password_hash
 
 
@@ -108,7 +114,7 @@ def credentials_match(found: tuple[str, str] | None, user: str, password: str) -
 
 def check_bind(host: str, settings: DashboardSettings, where: str = "[dashboard]") -> None:
     """Refuse a non-loopback address when no credentials are configured."""
-    if not is_loopback(host) and credentials(settings) is None:
+    if credentials(settings, where) is None and not is_loopback(host):
         raise ConfigError(
             f"{where}: refusing to serve the dashboard on {host} without credentials: set"
             f" [dashboard] username and password_hash (`scheduler dashboard --hash-password`)"

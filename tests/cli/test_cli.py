@@ -326,7 +326,8 @@ def test_errors_are_one_line_and_change_nothing(
 def test_unreachable_database_is_one_line(tmp_path: Path) -> None:
     write_config(tmp_path, "postgresql+psycopg://postgres@127.0.0.1:1/test", tasks=TASK)
     line = one_error_line(run_cli(tmp_path, "status"))
-    assert line.startswith("error: database error: ") and "127.0.0.1" in line
+    url = "postgresql+psycopg://postgres@127.0.0.1:1/test"
+    assert line.startswith(f"error: database {url} ([database] url in {tmp_path / 'app.toml'}): ")
 
 
 def test_debug_shows_the_traceback_and_usage_errors_exit_2(tmp_path: Path) -> None:

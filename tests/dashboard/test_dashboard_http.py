@@ -364,7 +364,7 @@ def test_hash_format_is_phc_scrypt_and_verifies() -> None:
         ({"port": 70000}, "key 'port': must be at most 65535"),
         ({"actions": "yes"}, "key 'actions': expected a boolean"),
         ({"password_hash": "hunter2", "username": "ops"}, "key 'password_hash': not a scrypt"),
-        ({"username": "ops"}, "key 'password_hash': missing"),
+        ({"password_hash": HASH}, "key 'username': missing"),
         ({"refresh_seconds": 0.1}, "key 'refresh_seconds': must be at least 1"),
     ],
 )

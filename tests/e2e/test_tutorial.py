@@ -21,6 +21,8 @@ VARYING = [
     (re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(\.\d+)?Z?( UTC)?"), "<time>"),
     (re.compile(r"last tick (<time>|-)"), "last tick <tick>"),
     (re.compile(r"succeeded \d+"), "succeeded <n>"),
+    # the worker blocks are not run here: job numbers are the reader's, not this run's
+    (re.compile(r"last job \(\d+\)"), "last job (<n>)"),
 ]
 
 

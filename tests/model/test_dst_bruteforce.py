@@ -5,20 +5,23 @@ two hours).
 The transitions are found by scanning every zone zoneinfo ships, a week at a time (no zone
 shifts twice within a week), over the years ``YEARS`` (three recent years: every such zone's
 shifts there, both directions). For each
-transition the expected fire times come from walking the clock one minute at a time, never from
-croniter:
+transition the expected fire times come from walking the clock one second at a time, never from
+croniter, for 5-field expressions and 6-field ones (seconds last; issue 37):
 
-- wildcard or step hour (real time): every real minute whose local wall clock matches the
-  minute and hour fields fires; a repeated wall-clock time fires twice, one inside a gap never;
-- fixed hour: every wall-clock minute of each local date that matches fires once, at its first
+- wildcard or step hour (real time): every real second whose local wall clock matches the
+  second, minute and hour fields fires; a repeated wall-clock time fires twice, one inside a
+  gap never;
+- fixed hour: every wall-clock second of each local date that matches fires once, at its first
   occurrence; one that does not exist (a gap) fires at the first instant after the jump.
 """
 
 from __future__ import annotations
 
 import zoneinfo
+from bisect import bisect_right
 from datetime import UTC, datetime, timedelta
 from functools import cache
+from itertools import accumulate, product
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -29,6 +32,7 @@ from scheduler._model.cron import next_after
 
 YEARS = (2024, 2025, 2026)
 MINUTE = timedelta(minutes=1)
+SECOND = timedelta(seconds=1)
 HOUR = timedelta(hours=1)
 
 
@@ -78,35 +82,46 @@ def _field(text: str, low: int, high: int) -> set[int]:
     return {int(part) for part in text.split(",")}
 
 
+@cache
+def _walls(tz: str, start: datetime, end: datetime) -> tuple[list[datetime], list[datetime]]:
+    """Every whole second in (start, end] and its naive wall-clock time in ``tz``."""
+    zone = ZoneInfo(tz)
+    instants = [start + SECOND * i for i in range(1, (end - start) // SECOND + 1)]
+    return instants, [t.astimezone(zone).replace(tzinfo=None) for t in instants]
+
+
 @cache  # the same for both clocks
 def brute_force(expr: str, tz: str, start: datetime, end: datetime) -> list[datetime]:
-    """Fire instants in (start, end], walked minute by minute (see the module docstring)."""
-    zone = ZoneInfo(tz)
-    minute_field, hour_field = expr.split()[:2]
-    minutes, hours = _field(minute_field, 0, 59), _field(hour_field, 0, 23)
-    real_time = "*" in hour_field
-    instants = [start + MINUTE * i for i in range(1, (end - start) // MINUTE + 1)]
-    walls = [t.astimezone(zone).replace(tzinfo=None) for t in instants]
+    """Fire instants in (start, end], walked second by second (see the module docstring); a
+    5-field expression fires at second 0, a 6-field one at the seconds of its last field."""
+    fields = expr.split()
+    minutes, hours = _field(fields[0], 0, 59), _field(fields[1], 0, 23)
+    seconds = _field(fields[5], 0, 59) if len(fields) == 6 else {0}
+    real_time = "*" in fields[1]
+    instants, walls = _walls(tz, start, end)
     if real_time:
         return [
             t
             for t, w in zip(instants, walls, strict=True)
-            if (w.minute in minutes and w.hour in hours)
+            if (w.second in seconds and w.minute in minutes and w.hour in hours)
         ]
+    first: dict[datetime, datetime] = {}  # each wall-clock time's first occurrence
+    for t, w in zip(instants, walls, strict=True):
+        first.setdefault(w, t)
+    highest = list(accumulate(walls, max))  # the latest wall-clock time reached so far
     fired: set[datetime] = set()
-    first_day = (start - timedelta(days=2)).astimezone(zone).date()
+    first_day = (start - timedelta(days=2)).astimezone(ZoneInfo(tz)).date()
     for day in range(5 + (end - start).days):
         date = first_day + timedelta(days=day)
-        for hour in sorted(hours):
-            for minute in sorted(minutes):
-                wall = datetime(date.year, date.month, date.day, hour, minute)
-                # First occurrence of that wall-clock time; if it never occurs (a gap), the
-                # first instant whose wall clock is past it.
-                at = next((t for t, w in zip(instants, walls, strict=True) if w == wall), None)
-                if at is None and walls[0] < wall <= walls[-1]:  # inside the window: a gap
-                    at = next(t for t, w in zip(instants, walls, strict=True) if w > wall)
-                if at is not None:
-                    fired.add(at)
+        for hour, minute, second in product(sorted(hours), sorted(minutes), sorted(seconds)):
+            wall = datetime(date.year, date.month, date.day, hour, minute, second)
+            # First occurrence of that wall-clock time; if it never occurs (a gap), the
+            # first instant whose wall clock is past it.
+            at = first.get(wall)
+            if at is None and walls[0] < wall <= walls[-1]:  # inside the window: a gap
+                at = instants[bisect_right(highest, wall)]
+            if at is not None:
+                fired.add(at)
     return sorted(fired)
 
 
@@ -147,7 +162,16 @@ def expressions(tz: str, at: datetime, shift: timedelta) -> list[str]:
         f"15,45 {','.join(map(str, hours))} * * *",
     ]
     real = ["*/20 * * * *", "*/10 * * * *", "30 * * * *", "0 * * * *", "*/15 */2 * * *"]
-    return real + fixed
+    # With a seconds field (the sixth): a fixed-hour slot in a gap fires at the gap's end,
+    # second 0, whatever its own seconds (issue 37: Riga's 04:00:11, Lord Howe's lost 02:30).
+    fixed_seconds = [
+        f"30 {before.hour},{after.hour} * * * 11,22",
+        f"*/10 {','.join(map(str, hours))} * * * 52",
+        f"{before.minute} {before.hour} * * * 0,30",
+        f"0,15,30,45 {after.hour} * * * 59",
+    ]
+    real_seconds = ["*/20 * * * * 0,30", "0 * * * * 59", "*/15 */2 * * * 7"]
+    return real + fixed + real_seconds + fixed_seconds
 
 
 # The same brute force holds for ordinary one-hour shifts: a control on two common zones.

@@ -1,4 +1,4 @@
-"""The test project with Django's admin (tests/django/test_django_admin.py): the project's
+"""The test project with Django's admin (tests/e2e/test_django_admin.py): the project's
 settings, plus the admin and what it needs (auth, sessions, messages, templates)."""
 
 from .settings import *  # noqa: F403
