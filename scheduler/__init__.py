@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from ._app import Scheduler, default_registry
     from ._config import AppConfig, load_config
     from ._errors import (
+        Cancelled,
         ConfigError,
         JobStateError,
         LeaseLost,
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
         PermanentError,
         SchedulerError,
         SchemaOutdated,
+        Snooze,
         UnknownRow,
     )
     from ._model.job import Job
@@ -37,6 +39,7 @@ _WHERE = {
     "AppConfig": "._config",
     "AuditEntry": "._store.audit",
     "BackfillResult": "._ops.backfill",
+    "Cancelled": "._errors",
     "ConfigError": "._errors",
     "Job": "._model.job",
     "JobStateError": "._errors",
@@ -47,6 +50,7 @@ _WHERE = {
     "Scheduler": "._app",
     "SchedulerError": "._errors",
     "SchemaOutdated": "._errors",
+    "Snooze": "._errors",
     "SyncPlan": "._model.rows",
     "TaskRow": "._model.rows",
     "TaskSpec": "._model.rows",
@@ -88,6 +92,7 @@ __all__ = [
     "AppConfig",
     "AuditEntry",
     "BackfillResult",
+    "Cancelled",
     "ConfigError",
     "Job",
     "JobStateError",
@@ -98,6 +103,7 @@ __all__ = [
     "Scheduler",
     "SchedulerError",
     "SchemaOutdated",
+    "Snooze",
     "SyncPlan",
     "TaskRow",
     "TaskSpec",

@@ -388,6 +388,13 @@ EXPIRED = (
     .limit(_P("p_limit", type_=Integer))
 )
 
+# A snooze: queued again at run_at, the attempt the claim counted given back.
+_SNOOZE_ONE = by_id(
+    update(jobs)
+    .where(jobs.c.id == _P("p_id"), _HELD)
+    .values(state=QUEUED, run_at=_P("p_retry_at"), attempts=jobs.c.attempts - 1, **_RELEASE)
+)
+
 
 def _seize(conn: Connection, job: Job, now: datetime, values: dict[str, Any]) -> bool:
     """Write ``values`` to an expired job, conditional on the owner and expiry we saw.
@@ -476,8 +483,17 @@ class Finish:
     outcome: str | None = None
     retry_at: datetime | None = None
     started_at: datetime | None = None
+    snoozed: bool = False  # queued again at retry_at with its attempt given back
 
     def values(self, now: datetime) -> dict[str, Any]:
+        if self.snoozed:
+            return {
+                "state": QUEUED,
+                "run_at": self.retry_at,
+                "attempts": self.job.attempts - 1,
+                "lease_owner": None,
+                "lease_expires_at": None,
+            }
         if self.state == QUEUED:
             return {
                 "state": QUEUED,
@@ -515,9 +531,11 @@ def finish_many(
         params: dict[str, Any] = {**guard, "p_id": f.job.id, "p_code": f.code}
         if f.state == QUEUED:
             params["p_retry_at"] = f.retry_at
+            statement = _SNOOZE_ONE if f.snoozed else _RETRY_ONE
         else:
             params["p_state"] = f.state
-        if conn.execute(_RETRY_ONE if f.state == QUEUED else _END_ONE, params).rowcount == 1:
+            statement = _END_ONE
+        if conn.execute(statement, params).rowcount == 1:
             done[f.job.id] = dataclasses.replace(f.job, **f.values(now))
     history = [
         _run_values(

@@ -239,4 +239,6 @@ workers = Table(
     Column("last_tick_at", UTCDateTime),
     # Seconds the host's clock is ahead of the database's (negative: behind), when measured.
     Column("clock_offset", Float),
+    # Attempts fenced after their timeout whose handler has not returned (revision 0009).
+    Column("stuck_attempts", Integer),
 )

@@ -56,6 +56,7 @@ from .._store.retry import is_transient
 from .._store.status import health as _health
 from .events import EventLoop
 from .recorder import Recorder
+from .runner import TIMEOUT, Stop
 from .telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -164,6 +165,11 @@ class Worker:
         self._slow_at = float("-inf")  # when a job last took SLOW_JOB_SECONDS or more
         self._listening: _wakeup.Listening | None = None  # wake-ups (scheduler/_store/wakeup/)
         self._next_takeover = float("-inf")  # time.monotonic() of the next look for expiries
+        # Attempts with a timeout: job id -> (job, its start, its Stop), while they run.
+        self._stops: dict[int, tuple[Job, datetime, Stop]] = {}
+        # Attempts fenced after their stop whose handler has not returned: Stop -> on the loop.
+        self._stuck: dict[Stop, bool] = {}
+        self._stopper_wake = threading.Event()  # an attempt with a deadline was started
 
     def run(self, *, once: bool = False, install_signals: bool = False) -> WorkerResult:
         """Work until stopped; with ``once``: take over, tick, run what is ready, return."""
@@ -185,6 +191,8 @@ class Worker:
         pool = ThreadPoolExecutor(max(self.concurrency, 1), thread_name_prefix="scheduler-job")
         beat = threading.Thread(target=self._heartbeat, name="scheduler-heartbeat", daemon=True)
         beat.start()
+        stopper = threading.Thread(target=self._stopper, name="scheduler-stopper", daemon=True)
+        stopper.start()
         try:
             if once:
                 self._once(pool)
@@ -194,8 +202,14 @@ class Worker:
             left = self._drain()
             self._recorder.close()
             self._beat_stop.set()
+            self._stopper_wake.set()
             beat.join()
-            pool.shutdown(wait=not left, cancel_futures=True)
+            stopper.join()
+            stuck = self.stuck_threads()
+            if stuck:
+                text = f"shutdown: {stuck} attempt(s) still running past their stop, left behind"
+                _log(logging.WARNING, "jobs_left_stuck", text)
+            pool.shutdown(wait=not (left or stuck), cancel_futures=True)
             if self._events is not None:
                 self._events.close()
             if self._listening is not None:
@@ -365,10 +379,16 @@ class Worker:
         bound: on a busy host a no-op job's wall time can reach it, and a worker whose
         prefetch went off at each such spike would claim four times as often.
         """
+        threads = max(self.concurrency - self.stuck_threads(), 0)  # less the hung ones
         avg = self._avg_seconds
         if avg is not None and avg < SHORT_JOB_SECONDS and not self._slow_lately():
-            return min(self.concurrency * PREFETCH_FACTOR, MAX_CLAIM)
-        return self.concurrency
+            return min(threads * PREFETCH_FACTOR, MAX_CLAIM)
+        return threads
+
+    def stuck_threads(self) -> int:
+        """How many threads run an attempt that was fenced after its stop (they are not used
+        until it returns)."""
+        return sum(1 for on_loop in self._stuck.values() if not on_loop)
 
     def _slow_lately(self) -> bool:
         return time.monotonic() - self._slow_at < SLOW_MEMORY_SECONDS
@@ -434,25 +454,142 @@ class Worker:
         return self._events is not None and job.handler in self._async_names
 
     def _submit(self, pool: ThreadPoolExecutor, jobs: list[Job]) -> None:
+        registry = self.app.registry
         for job in jobs:
+            handler = registry.get(job.handler)
+            stop = None
+            if handler is not None and handler.timeout:
+                stop = Stop(handler.timeout)
             with self._lock:
+                if stop is not None:
+                    self._stops[job.id] = (job, self.runner.clock(), stop)
                 if self._events is not None and self._on_loop(job):
                     self._async.add(job.id)
                     self._awaiting.add(job.id)
                     self._running[job.id] = None
                     unstarted = functools.partial(self._release, job.id, ran=False)
-                    self._events.start_job(job, self._run_async_job(job), unstarted)
+                    self._events.start_job(job, self._run_async_job(job, stop), unstarted)
                 else:
-                    self._running[job.id] = pool.submit(self._run_job, job)
+                    self._running[job.id] = pool.submit(self._run_job, job, stop)
 
-    async def _run_async_job(self, job: Job) -> None:
+    # -- timeouts: ask the attempt to stop, then fence it -------------------------------
+    def _stopper(self) -> None:
+        """Ask attempts past their timeout to stop; fence those still running after
+        ``cancel_grace``. Wakes at the next deadline (at least once a second)."""
+        while not self._beat_stop.is_set():
+            self._stopper_wake.clear()
+            now = time.monotonic()
+            try:
+                next_at = self._enforce(now)
+            except Exception as exc:  # never let the stopper die: the next pass tries again
+                self._log_error("stopping timed-out jobs", exc, 1.0)
+                next_at = None
+            wait = 1.0 if next_at is None else min(max(next_at - now, 0.01), 1.0)
+            self._stopper_wake.wait(wait)
+
+    def _enforce(self, now: float) -> float | None:
+        """One pass over the attempts with a deadline; returns when the next one is due."""
+        grace = self.settings.cancel_grace
+        to_ask: list[tuple[Job, Stop]] = []
+        to_fence: list[tuple[Job, datetime, Stop]] = []
+        next_at: float | None = None
+        with self._lock:
+            for job, started, stop in self._stops.values():
+                if stop.deadline is None or stop.returned:
+                    continue
+                if not stop.requested.is_set():
+                    if now >= stop.deadline:
+                        stop.request(TIMEOUT)
+                        to_ask.append((job, stop))
+                    due = stop.deadline + (grace if now >= stop.deadline else 0)
+                elif now >= stop.deadline + grace:
+                    to_fence.append((job, started, stop))
+                    continue
+                else:
+                    due = stop.deadline + grace
+                next_at = due if next_at is None else min(next_at, due)
+        for job, _stop in to_ask:
+            timeout = self._timeout_of(job)
+            text = f"job {job.id} ({job.handler}) ran past its timeout of {timeout:g}s: stopping it"
+            _log(logging.WARNING, "job_timeout", text, job_id=job.id)
+            if self._events is not None and self._on_loop(job):
+                self._events.cancel_job(job.id)
+        for job, started, stop in to_fence:
+            self._fence(job, started, stop)
+        return next_at
+
+    def _timeout_of(self, job: Job) -> float:
+        handler = self.app.registry.get(job.handler)
+        return (handler.timeout if handler is not None else None) or 0.0
+
+    def _fence(self, job: Job, started: datetime, stop: Stop) -> None:
+        """The grace is over and the handler has not returned: write the attempt's end (code
+        ``timeout``) under the lease this worker still holds, which moves the job off this
+        attempt; from now on the attempt's heartbeat raises and its outcome is discarded. A
+        thread left running is counted (one thread fewer for jobs) until it returns."""
+        with self._lock:
+            if stop.returned or stop.fenced:
+                return
+            stop.fenced = True
+            on_loop = job.id in self._async
+            self._stuck[stop] = on_loop
+            if self._stops.get(job.id, (None, None, None))[2] is stop:
+                del self._stops[job.id]
+            self._running.pop(job.id, None)  # no more heartbeats for it
+            self._async.discard(job.id)
+            self._awaiting.discard(job.id)
+        handler = self.app.registry.get(job.handler)
+        assert handler is not None  # a Stop is made only for a registered handler
+        ending = self.runner.timed_out(job, handler, started)
+        text = (
+            f"job {job.id} ({job.handler}) still running {self.settings.cancel_grace:g}s after"
+            f" its stop: its attempt is over ({ending.result}, code timeout)"
+        )
+        if not on_loop:
+            text += "; its thread is not used until it returns"
+        _log(logging.ERROR, "job_fenced", text, job_id=job.id)
+
+        def done(result: str) -> None:
+            with self._lock:
+                self._handled += 1
+            _log(logging.INFO, "job_done", f"job {job.id} ({job.handler}) {result} (timeout)")
+            self._wake.set()
+
+        self._recorder.submit(ending, done)
+
+    def _returned(self, job: Job, stop: Stop | None) -> bool:
+        """The handler of ``job`` came back: False if its attempt was fenced meanwhile (its
+        outcome is discarded, its thread counted free again)."""
+        if stop is None:
+            return True
+        with self._lock:
+            stop.returned = True
+            if self._stops.get(job.id, (None, None, None))[2] is stop:
+                del self._stops[job.id]
+            if not stop.fenced:
+                return True
+            self._stuck.pop(stop, None)
+        text = f"job {job.id} ({job.handler}) returned after its stop; its outcome is discarded"
+        _log(logging.WARNING, "job_returned_late", text, job_id=job.id)
+        self._wake.set()
+        if self._listening is not None:
+            self._listening.slot_freed()
+        return False
+
+    async def _run_async_job(self, job: Job, stop: Stop | None = None) -> None:
         began = time.monotonic()
+        if stop is not None:
+            stop.begin()
+            self._stopper_wake.set()
         try:
             with self._telemetry.running(job) as run:
-                outcome = await self.runner.execute_async(job)
+                outcome = await self.runner.execute_async(job, stop)
                 run.ended(outcome)
         except Exception:
-            self._crashed(job)
+            if self._returned(job, stop):
+                self._crashed(job)
+            return
+        if not self._returned(job, stop):
             return
         with self._lock:
             self._awaiting.discard(job.id)
@@ -484,14 +621,20 @@ class Worker:
 
         return done
 
-    def _run_job(self, job: Job) -> None:
+    def _run_job(self, job: Job, stop: Stop | None = None) -> None:
         began = time.monotonic()
+        if stop is not None:
+            stop.begin()
+            self._stopper_wake.set()
         try:
             with self._telemetry.running(job) as run:
-                outcome = self.runner.execute(job)
+                outcome = self.runner.execute(job, stop)
                 run.ended(outcome)
         except Exception:
-            self._crashed(job)
+            if self._returned(job, stop):
+                self._crashed(job)
+            return
+        if not self._returned(job, stop):
             return
 
         ran = time.monotonic() - began
@@ -606,7 +749,12 @@ class Worker:
             app = self.app
             offset = app.clock_offset()
             _health.touch(
-                app.store, app.worker_id, app.clock(), self._ticked_at, clock_offset=offset
+                app.store,
+                app.worker_id,
+                app.clock(),
+                self._ticked_at,
+                clock_offset=offset,
+                stuck=len(self._stuck),
             )
             self._touched = time.monotonic()
 
