@@ -169,6 +169,8 @@ class Worker:
         self._stops: dict[int, tuple[Job, datetime, Stop]] = {}
         # Attempts fenced after their stop whose handler has not returned: Stop -> on the loop.
         self._stuck: dict[Stop, bool] = {}
+        self._stuck_threads = 0  # those of them on a thread (not on the loop)
+        self._timeouts: dict[str, float] = {}  # the handlers' with a timeout (read at start)
         self._stopper_wake = threading.Event()  # an attempt with a deadline was started
 
     def run(self, *, once: bool = False, install_signals: bool = False) -> WorkerResult:
@@ -191,8 +193,10 @@ class Worker:
         pool = ThreadPoolExecutor(max(self.concurrency, 1), thread_name_prefix="scheduler-job")
         beat = threading.Thread(target=self._heartbeat, name="scheduler-heartbeat", daemon=True)
         beat.start()
+        # Only when a handler has a timeout: a thread that asks attempts to stop, and fences them.
         stopper = threading.Thread(target=self._stopper, name="scheduler-stopper", daemon=True)
-        stopper.start()
+        if self._timeouts:
+            stopper.start()
         try:
             if once:
                 self._once(pool)
@@ -204,7 +208,8 @@ class Worker:
             self._beat_stop.set()
             self._stopper_wake.set()
             beat.join()
-            stopper.join()
+            if stopper.is_alive():
+                stopper.join()
             stuck = self.stuck_threads()
             if stuck:
                 text = f"shutdown: {stuck} attempt(s) still running past their stop, left behind"
@@ -237,8 +242,13 @@ class Worker:
                 time.sleep(wait)
 
     def _start_loop(self) -> None:
-        """The event loop thread, if any handler is ``async def`` (and jobs are run at all)."""
+        """The event loop thread, if any handler is ``async def`` (and jobs are run at all);
+        the handlers' timeouts, read once here as the async handlers' names are."""
         registry = self.app.registry
+        for name in registry.names():
+            handler = registry.get(name)
+            if handler is not None and handler.timeout:
+                self._timeouts[name] = handler.timeout
         self._async_names = registry.async_names()
         self._sync_handlers = len(self._async_names) < len(registry.names())
         if self._async_names and self.concurrency > 0:
@@ -379,7 +389,7 @@ class Worker:
         bound: on a busy host a no-op job's wall time can reach it, and a worker whose
         prefetch went off at each such spike would claim four times as often.
         """
-        threads = max(self.concurrency - self.stuck_threads(), 0)  # less the hung ones
+        threads = max(self.concurrency - self._stuck_threads, 0)  # less the hung ones
         avg = self._avg_seconds
         if avg is not None and avg < SHORT_JOB_SECONDS and not self._slow_lately():
             return min(threads * PREFETCH_FACTOR, MAX_CLAIM)
@@ -388,7 +398,7 @@ class Worker:
     def stuck_threads(self) -> int:
         """How many threads run an attempt that was fenced after its stop (they are not used
         until it returns)."""
-        return sum(1 for on_loop in self._stuck.values() if not on_loop)
+        return self._stuck_threads
 
     def _slow_lately(self) -> bool:
         return time.monotonic() - self._slow_at < SLOW_MEMORY_SECONDS
@@ -454,12 +464,11 @@ class Worker:
         return self._events is not None and job.handler in self._async_names
 
     def _submit(self, pool: ThreadPoolExecutor, jobs: list[Job]) -> None:
-        registry = self.app.registry
+        timeouts = self._timeouts
         for job in jobs:
-            handler = registry.get(job.handler)
             stop = None
-            if handler is not None and handler.timeout:
-                stop = Stop(handler.timeout)
+            if timeouts and (timeout := timeouts.get(job.handler)):
+                stop = Stop(timeout)
             with self._lock:
                 if stop is not None:
                     self._stops[job.id] = (job, self.runner.clock(), stop)
@@ -519,8 +528,7 @@ class Worker:
         return next_at
 
     def _timeout_of(self, job: Job) -> float:
-        handler = self.app.registry.get(job.handler)
-        return (handler.timeout if handler is not None else None) or 0.0
+        return self._timeouts.get(job.handler, 0.0)
 
     def _fence(self, job: Job, started: datetime, stop: Stop) -> None:
         """The grace is over and the handler has not returned: write the attempt's end (code
@@ -533,6 +541,7 @@ class Worker:
             stop.fenced = True
             on_loop = job.id in self._async
             self._stuck[stop] = on_loop
+            self._stuck_threads += not on_loop
             if self._stops.get(job.id, (None, None, None))[2] is stop:
                 del self._stops[job.id]
             self._running.pop(job.id, None)  # no more heartbeats for it
@@ -568,7 +577,8 @@ class Worker:
                 del self._stops[job.id]
             if not stop.fenced:
                 return True
-            self._stuck.pop(stop, None)
+            if self._stuck.pop(stop, True) is False:
+                self._stuck_threads -= 1
         text = f"job {job.id} ({job.handler}) returned after its stop; its outcome is discarded"
         _log(logging.WARNING, "job_returned_late", text, job_id=job.id)
         self._wake.set()
@@ -634,7 +644,7 @@ class Worker:
             if self._returned(job, stop):
                 self._crashed(job)
             return
-        if not self._returned(job, stop):
+        if stop is not None and not self._returned(job, stop):
             return
 
         ran = time.monotonic() - began
