@@ -898,7 +898,10 @@ class Scheduler:
         actor: str | None = None,
         connection: Any = None,
     ) -> Job:
-        """Abort a ``queued`` job with code ``cancelled``; refused in any other state."""
+        """Abort a ``queued`` job with code ``cancelled``; for a ``claimed`` one, ask its
+        worker to stop it (returned still ``claimed``: the worker ends it ``aborted`` with code
+        ``cancelled``, within about 2 seconds, ``cancel_grace`` at most after it saw the
+        request). Refused (:class:`~scheduler.JobStateError`) in any other state."""
 
         def change(conn: Any, now: datetime) -> Job:
             return _jobs.cancel(conn, job_id, now=now)

@@ -798,10 +798,11 @@ BACKFILLED = "backfilled"
 
 
 def cancel(conn: Connection, job_id: int, *, now: datetime) -> Job:
-    """Move a ``queued`` job to ``aborted`` with code ``cancelled``; refused in any other state.
+    """Move a ``queued`` job to ``aborted`` with code ``cancelled``, or ask the worker of a
+    ``claimed`` one to stop it (``cancel_requested_at``); refused in any other state.
 
-    One conditional UPDATE (``state = 'queued'``), its row count checked: a job a worker claimed
-    meanwhile is not cancelled.
+    Each a conditional UPDATE on the state, its row count checked: a job a worker claimed
+    meanwhile is asked to stop instead, one that finished meanwhile is refused.
     """
     result = conn.execute(
         update(jobs)
@@ -809,16 +810,38 @@ def cancel(conn: Connection, job_id: int, *, now: datetime) -> Job:
         .values(**_finished(ABORTED, now, CANCELLED))
     )
     if result.rowcount != 1:
-        job = get_job(conn, job_id)
-        if job is None:
-            raise JobStateError(f"no job {job_id}")
-        raise JobStateError(f"job {job_id} is {job.state}: only a queued job can be cancelled")
+        asked = conn.execute(
+            update(jobs)
+            .where(jobs.c.id == job_id, jobs.c.state == CLAIMED)
+            .values(cancel_requested_at=now)
+        )
+        if asked.rowcount != 1:
+            job = get_job(conn, job_id)
+            if job is None:
+                raise JobStateError(f"no job {job_id}")
+            raise JobStateError(
+                f"job {job_id} is {job.state}: only a queued or running job can be cancelled"
+            )
     found = get_job(conn, job_id)
     assert found is not None
     return found
 
 
 CANCELLED = "cancelled"
+
+
+def cancels_requested(conn: Connection, job_ids: Iterable[int], *, owner: str) -> set[int]:
+    """Which of ``job_ids``, claimed by ``owner``, an operator asked to cancel during their
+    current attempt (a request older than the attempt's start was a past run's)."""
+    found = conn.execute(
+        select(jobs.c.id).where(
+            jobs.c.id.in_(list(job_ids)),
+            jobs.c.state == CLAIMED,
+            jobs.c.lease_owner == owner,
+            jobs.c.cancel_requested_at >= jobs.c.started_at,
+        )
+    )
+    return set(found.scalars())
 
 
 def cancel_task_jobs(conn: Connection, name: str, now: datetime) -> int:

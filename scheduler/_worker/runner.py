@@ -14,7 +14,6 @@ import dataclasses
 import functools
 import inspect
 import logging
-import threading
 import time
 from collections.abc import Callable, Collection, Coroutine
 from contextvars import ContextVar
@@ -45,6 +44,7 @@ TENANT_CONTEXT_FAILED = "tenant_context_failed"  # the tenant's context did not 
 RETURNED_AWAITABLE = "handler_returned_awaitable"  # a sync handler returned a coroutine
 WORKER_STOPPED = "worker_stopped"  # an async run cancelled at shutdown, after the grace
 TIMEOUT = "timeout"  # the attempt ran past its handler's timeout
+CANCELLED = "cancelled"  # an operator cancelled the running job
 
 CoroutineRunner = Callable[[Coroutine[Any, Any, Any]], Any]
 
@@ -85,24 +85,27 @@ class Stop:
     :class:`LeaseLost`, its outcome is discarded). ``returned``: the handler came back.
     """
 
-    __slots__ = ("deadline", "fenced", "reason", "requested", "returned", "timeout")
+    __slots__ = ("began", "deadline", "fenced", "reason", "requested", "returned", "timeout")
 
     def __init__(self, timeout: float | None) -> None:
         self.timeout = timeout
+        self.began: float | None = None
         self.deadline: float | None = None
-        self.requested = threading.Event()
-        self.reason: str | None = None
+        self.requested = False
+        self.reason: str | None = None  # TIMEOUT or CANCELLED
         self.fenced = False
         self.returned = False
 
     def begin(self) -> None:
         """The handler starts now: its timeout runs from here."""
+        self.began = time.monotonic()
         if self.timeout:
-            self.deadline = time.monotonic() + self.timeout
+            self.deadline = self.began + self.timeout
 
     def request(self, reason: str) -> None:
-        self.reason = reason
-        self.requested.set()
+        if not self.requested:
+            self.reason = reason
+            self.requested = True
 
 
 class RunningJob:
@@ -126,8 +129,9 @@ class RunningJob:
 
     @property
     def cancel_requested(self) -> bool:
-        """True once this attempt was asked to stop (its handler's ``timeout`` passed)."""
-        return self._stop is not None and self._stop.requested.is_set()
+        """True once this attempt was asked to stop (its handler's ``timeout`` passed, or an
+        operator cancelled the job)."""
+        return self._stop is not None and self._stop.requested
 
     def check(self) -> None:
         """Raise :class:`Cancelled` if this attempt was asked to stop: call it between units
@@ -272,6 +276,15 @@ class Runner:
             handlers, exclude, lambda after: retry("claim", lambda: attempt(after), lost=list)
         )
 
+    def cancels_requested(self, job_ids: list[int]) -> set[int]:
+        """Which of ``job_ids`` (held by this runner) an operator asked to cancel."""
+
+        def attempt() -> set[int]:
+            with self.store.read() as conn:
+                return _jobs.cancels_requested(conn, job_ids, owner=self.owner)
+
+        return retry("reading cancels", attempt)
+
     def extend(self, job_ids: list[int]) -> int:
         """Renew the leases this runner holds on ``job_ids``; returns how many it still holds."""
 
@@ -350,12 +363,12 @@ class Runner:
         except Snooze as exc:
             return self._snoozed(job, exc, started)
         except PermanentError as exc:
-            if stop is not None and stop.requested.is_set():
-                return self.timed_out(job, handler, started)
+            if stop is not None and stop.requested:
+                return self.stopped(job, handler, started, stop.reason)
             return self._permanent(job, exc, started)
         except Exception as exc:
-            if stop is not None and stop.requested.is_set():
-                return self.timed_out(job, handler, started)
+            if stop is not None and stop.requested:
+                return self.stopped(job, handler, started, stop.reason)
             return self._failed(job, handler, exc, started)
         finally:
             _CURRENT.reset(token)
@@ -387,18 +400,18 @@ class Runner:
             if task is None or not task.cancelling():
                 return await self._failed_async(job, handler, asyncio.CancelledError(), started)
             task.uncancel()  # ours to finish: record what the cancellation means
-            if stop is not None and stop.reason == TIMEOUT:
-                return self.timed_out(job, handler, started)
+            if stop is not None and stop.requested:
+                return self.stopped(job, handler, started, stop.reason)
             return await self._stopped(job, handler, started)
         except Snooze as exc:
             return self._snoozed(job, exc, started)
         except PermanentError as exc:
-            if stop is not None and stop.requested.is_set():
-                return self.timed_out(job, handler, started)
+            if stop is not None and stop.requested:
+                return self.stopped(job, handler, started, stop.reason)
             return self._permanent(job, exc, started)
         except Exception as exc:
-            if stop is not None and stop.requested.is_set():
-                return self.timed_out(job, handler, started)
+            if stop is not None and stop.requested:
+                return self.stopped(job, handler, started, stop.reason)
             return await self._failed_async(job, handler, exc, started)
         finally:
             _CURRENT.reset(token)
@@ -536,6 +549,21 @@ class Runner:
         if job.attempts >= job.max_attempts:
             return Ending(job, started, ABORTED, WORKER_STOPPED)
         return Ending(job, started, QUEUED, WORKER_STOPPED, retry_at=self.clock())
+
+    def stopped(self, job: Job, handler: Handler, started: datetime, reason: str | None) -> Ending:
+        """How an attempt asked to stop ends: :meth:`timed_out`, or for an operator's cancel
+        ``aborted`` with code ``cancelled`` (no retry, no ``abandoned`` hook)."""
+        if reason != CANCELLED:
+            return self.timed_out(job, handler, started)
+        log.warning(
+            "job %s (%s) attempt %s/%s stopped: cancelled",
+            job.id,
+            job.handler,
+            job.attempts,
+            job.max_attempts,
+            extra={"action": "job_cancelled", "job_id": job.id, "code": CANCELLED},
+        )
+        return Ending(job, started, ABORTED, CANCELLED)
 
     def timed_out(self, job: Job, handler: Handler, started: datetime) -> Ending:
         """The attempt ran past its ``timeout``: a failure with code ``timeout``, retried if

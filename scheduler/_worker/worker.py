@@ -56,7 +56,7 @@ from .._store.retry import is_transient
 from .._store.status import health as _health
 from .events import EventLoop
 from .recorder import Recorder
-from .runner import TIMEOUT, Stop
+from .runner import CANCELLED, TIMEOUT, Stop
 from .telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -78,6 +78,8 @@ BACKOFF_MIN, BACKOFF_MAX = 0.5, 30.0
 START_ATTEMPTS = 5  # a transient database error at start-up is retried (0.5 + 1 + 2 + 4 s)
 MAX_TICK_OFFSET = 0.05  # seconds: the spread of the workers' tick offsets (see tick_offset)
 CANCEL_WAIT_SECONDS = 10.0  # after the grace: how long cancelled async jobs get to record
+CANCEL_LOOK_SECONDS = 1.0  # look for operators' cancels of running jobs at most this often
+CANCEL_LOOK_AFTER = 0.5  # only for attempts running at least this long (no read for short jobs)
 
 
 def import_handlers(modules: Iterable[str], folder: str | None = None) -> None:
@@ -165,8 +167,9 @@ class Worker:
         self._slow_at = float("-inf")  # when a job last took SLOW_JOB_SECONDS or more
         self._listening: _wakeup.Listening | None = None  # wake-ups (scheduler/_store/wakeup/)
         self._next_takeover = float("-inf")  # time.monotonic() of the next look for expiries
-        # Attempts with a timeout: job id -> (job, its start, its Stop), while they run.
-        self._stops: dict[int, tuple[Job, datetime, Stop]] = {}
+        # The running attempts: job id -> (job, its Stop), until the handler returns.
+        self._stops: dict[int, tuple[Job, Stop]] = {}
+        self._next_cancel_look = float("-inf")  # time.monotonic() of the next look for cancels
         # Attempts fenced after their stop whose handler has not returned: Stop -> on the loop.
         self._stuck: dict[Stop, bool] = {}
         self._stuck_threads = 0  # those of them on a thread (not on the loop)
@@ -193,9 +196,9 @@ class Worker:
         pool = ThreadPoolExecutor(max(self.concurrency, 1), thread_name_prefix="scheduler-job")
         beat = threading.Thread(target=self._heartbeat, name="scheduler-heartbeat", daemon=True)
         beat.start()
-        # Only when a handler has a timeout: a thread that asks attempts to stop, and fences them.
+        # Asks attempts to stop (timeouts, cancels) and fences them; only where jobs are run.
         stopper = threading.Thread(target=self._stopper, name="scheduler-stopper", daemon=True)
-        if self._timeouts:
+        if self.concurrency > 0:
             stopper.start()
         try:
             if once:
@@ -466,12 +469,10 @@ class Worker:
     def _submit(self, pool: ThreadPoolExecutor, jobs: list[Job]) -> None:
         timeouts = self._timeouts
         for job in jobs:
-            stop = None
-            if timeouts and (timeout := timeouts.get(job.handler)):
-                stop = Stop(timeout)
+            # Every attempt can be stopped (an operator's cancel); some have a timeout.
+            stop = Stop(timeouts.get(job.handler) if timeouts else None)
             with self._lock:
-                if stop is not None:
-                    self._stops[job.id] = (job, self.runner.clock(), stop)
+                self._stops[job.id] = (job, stop)
                 if self._events is not None and self._on_loop(job):
                     self._async.add(job.id)
                     self._awaiting.add(job.id)
@@ -481,60 +482,96 @@ class Worker:
                 else:
                     self._running[job.id] = pool.submit(self._run_job, job, stop)
 
-    # -- timeouts: ask the attempt to stop, then fence it -------------------------------
+    # -- stopping attempts: timeouts and cancels, then the fence ------------------------
     def _stopper(self) -> None:
-        """Ask attempts past their timeout to stop; fence those still running after
-        ``cancel_grace``. Wakes at the next deadline (at least once a second)."""
+        """Ask attempts to stop (past their timeout, or cancelled by an operator); fence those
+        still running after ``cancel_grace``. Wakes at the next deadline, at least once a
+        second, and then looks for cancels of the attempts running for
+        ``CANCEL_LOOK_AFTER`` seconds or more (no statement while none runs that long)."""
         while not self._beat_stop.is_set():
             self._stopper_wake.clear()
             now = time.monotonic()
             try:
                 next_at = self._enforce(now)
             except Exception as exc:  # never let the stopper die: the next pass tries again
-                self._log_error("stopping timed-out jobs", exc, 1.0)
+                self._log_error("stopping jobs", exc, 1.0)
                 next_at = None
             wait = 1.0 if next_at is None else min(max(next_at - now, 0.01), 1.0)
             self._stopper_wake.wait(wait)
 
     def _enforce(self, now: float) -> float | None:
-        """One pass over the attempts with a deadline; returns when the next one is due."""
+        """One pass over the running attempts; returns when the next deadline is due."""
         grace = self.settings.cancel_grace
-        to_ask: list[tuple[Job, Stop]] = []
-        to_fence: list[tuple[Job, datetime, Stop]] = []
+        timed_out: list[Job] = []
+        to_fence: list[tuple[Job, Stop]] = []
+        watched: list[int] = []  # running long enough to look for a cancel
         next_at: float | None = None
         with self._lock:
-            for job, started, stop in self._stops.values():
-                if stop.deadline is None or stop.returned:
+            for job, stop in self._stops.values():
+                if stop.returned or stop.began is None:
                     continue
-                if not stop.requested.is_set():
+                if not stop.requested and now - stop.began >= CANCEL_LOOK_AFTER:
+                    watched.append(job.id)
+                if stop.deadline is None:
+                    continue
+                if not stop.requested:
                     if now >= stop.deadline:
                         stop.request(TIMEOUT)
-                        to_ask.append((job, stop))
+                        timed_out.append(job)
                     due = stop.deadline + (grace if now >= stop.deadline else 0)
                 elif now >= stop.deadline + grace:
-                    to_fence.append((job, started, stop))
+                    to_fence.append((job, stop))
                     continue
                 else:
                     due = stop.deadline + grace
                 next_at = due if next_at is None else min(next_at, due)
-        for job, _stop in to_ask:
-            timeout = self._timeout_of(job)
+        for job in timed_out:
+            timeout = self._timeouts.get(job.handler, 0.0)
             text = f"job {job.id} ({job.handler}) ran past its timeout of {timeout:g}s: stopping it"
             _log(logging.WARNING, "job_timeout", text, job_id=job.id)
-            if self._events is not None and self._on_loop(job):
-                self._events.cancel_job(job.id)
-        for job, started, stop in to_fence:
-            self._fence(job, started, stop)
+            self._ask(job)
+        for job, stop in to_fence:
+            self._fence(job, stop)
+        if watched and now >= self._next_cancel_look:
+            self._next_cancel_look = now + CANCEL_LOOK_SECONDS
+            cancelled = self._cancelled(watched, now)
+            if cancelled:
+                due = now + grace
+                next_at = due if next_at is None else min(next_at, due)
         return next_at
 
-    def _timeout_of(self, job: Job) -> float:
-        return self._timeouts.get(job.handler, 0.0)
+    def _cancelled(self, watched: list[int], now: float) -> bool:
+        """Ask the attempts an operator cancelled to stop; True if any."""
+        found = self.runner.cancels_requested(watched)
+        asked: list[Job] = []
+        with self._lock:
+            for job_id in found:
+                entry = self._stops.get(job_id)
+                if entry is None or entry[1].requested or entry[1].returned:
+                    continue
+                entry[1].request(CANCELLED)
+                entry[1].deadline = now  # the grace runs from here
+                asked.append(entry[0])
+        for job in asked:
+            text = f"job {job.id} ({job.handler}) was cancelled by an operator: stopping it"
+            _log(logging.WARNING, "job_cancel", text, job_id=job.id)
+            self._ask(job)
+        return bool(asked)
 
-    def _fence(self, job: Job, started: datetime, stop: Stop) -> None:
+    def _ask(self, job: Job) -> None:
+        """An async attempt is cancelled; a sync one sees ``job.cancel_requested``."""
+        if self._events is not None and self._on_loop(job):
+            self._events.cancel_job(job.id)
+
+    def _fence(self, job: Job, stop: Stop) -> None:
         """The grace is over and the handler has not returned: write the attempt's end (code
-        ``timeout``) under the lease this worker still holds, which moves the job off this
-        attempt; from now on the attempt's heartbeat raises and its outcome is discarded. A
-        thread left running is counted (one thread fewer for jobs) until it returns."""
+        ``timeout`` or ``cancelled``) under the lease this worker still holds, which moves the
+        job off this attempt; from now on the attempt's heartbeat raises and its outcome is
+        discarded. A thread left running is counted (one thread fewer for jobs) until it
+        returns."""
+        handler = self.app.registry.get(job.handler)
+        if handler is None:
+            return  # no handler: nothing runs, the attempt ends at once
         with self._lock:
             if stop.returned or stop.fenced:
                 return
@@ -542,17 +579,17 @@ class Worker:
             on_loop = job.id in self._async
             self._stuck[stop] = on_loop
             self._stuck_threads += not on_loop
-            if self._stops.get(job.id, (None, None, None))[2] is stop:
+            if self._stops.get(job.id, (None, None))[1] is stop:
                 del self._stops[job.id]
             self._running.pop(job.id, None)  # no more heartbeats for it
             self._async.discard(job.id)
             self._awaiting.discard(job.id)
-        handler = self.app.registry.get(job.handler)
-        assert handler is not None  # a Stop is made only for a registered handler
-        ending = self.runner.timed_out(job, handler, started)
+        ran = time.monotonic() - (stop.began or time.monotonic())
+        started = self.runner.clock() - timedelta(seconds=ran)
+        ending = self.runner.stopped(job, handler, started, stop.reason)
         text = (
             f"job {job.id} ({job.handler}) still running {self.settings.cancel_grace:g}s after"
-            f" its stop: its attempt is over ({ending.result}, code timeout)"
+            f" its stop: its attempt is over ({ending.result}, code {ending.code})"
         )
         if not on_loop:
             text += "; its thread is not used until it returns"
@@ -561,7 +598,8 @@ class Worker:
         def done(result: str) -> None:
             with self._lock:
                 self._handled += 1
-            _log(logging.INFO, "job_done", f"job {job.id} ({job.handler}) {result} (timeout)")
+            text = f"job {job.id} ({job.handler}) {result} ({ending.code}, fenced)"
+            _log(logging.INFO, "job_done", text)
             self._wake.set()
 
         self._recorder.submit(ending, done)
@@ -573,7 +611,7 @@ class Worker:
             return True
         with self._lock:
             stop.returned = True
-            if self._stops.get(job.id, (None, None, None))[2] is stop:
+            if self._stops.get(job.id, (None, None))[1] is stop:
                 del self._stops[job.id]
             if not stop.fenced:
                 return True
@@ -644,7 +682,7 @@ class Worker:
             if self._returned(job, stop):
                 self._crashed(job)
             return
-        if stop is not None and not self._returned(job, stop):
+        if not self._returned(job, stop):
             return
 
         ran = time.monotonic() - began

@@ -172,8 +172,15 @@ def retry_command(state: State, job_id: int, reason: str | None, actor: str | No
 @audited
 @pass_state
 def cancel_command(state: State, job_id: int, reason: str | None, actor: str | None) -> None:
-    """Cancel job ID, which must be queued: it ends aborted with code `cancelled`."""
+    """Cancel job ID: a queued job ends aborted with code `cancelled`; a running (claimed) one
+    is stopped by its worker within about 2 seconds, then ends the same way."""
     found = state.open().cancel_job(job_id, reason=reason, actor=actor)
+    if found.state == "claimed":
+        click.echo(
+            f"job {found.id} is running on {found.lease_owner}: cancel requested; its worker"
+            " stops it and it ends aborted with code cancelled"
+        )
+        return
     click.echo(f"job {found.id} cancelled: aborted with code {found.last_error_code}")
 
 
