@@ -174,7 +174,7 @@ class Worker:
         self._stuck: dict[Stop, bool] = {}
         self._stuck_threads = 0  # those of them on a thread (not on the loop)
         self._timeouts: dict[str, float] = {}  # the handlers' with a timeout (read at start)
-        self._stopper_wake = threading.Event()  # an attempt with a deadline was started
+        self._stopper_wake = threading.Event()  # an attempt with a deadline started, or stop
 
     def run(self, *, once: bool = False, install_signals: bool = False) -> WorkerResult:
         """Work until stopped; with ``once``: take over, tick, run what is ready, return."""
@@ -628,7 +628,8 @@ class Worker:
         began = time.monotonic()
         if stop is not None:
             stop.begin()
-            self._stopper_wake.set()
+            if stop.deadline is not None:  # the stopper wakes at it (cancels: once a second)
+                self._stopper_wake.set()
         try:
             with self._telemetry.running(job) as run:
                 outcome = await self.runner.execute_async(job, stop)
@@ -673,7 +674,8 @@ class Worker:
         began = time.monotonic()
         if stop is not None:
             stop.begin()
-            self._stopper_wake.set()
+            if stop.deadline is not None:  # the stopper wakes at it (cancels: once a second)
+                self._stopper_wake.set()
         try:
             with self._telemetry.running(job) as run:
                 outcome = self.runner.execute(job, stop)
@@ -700,6 +702,8 @@ class Worker:
             self._handed_in.discard(job_id)
             self._async.discard(job_id)
             self._awaiting.discard(job_id)
+            if not ran:  # cancelled before its coroutine ran: nothing else removes it
+                self._stops.pop(job_id, None)
         self._wake.set()
         if self._listening is not None:
             self._listening.slot_freed()
