@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from ._app import Scheduler, default_registry
     from ._config import AppConfig, load_config
     from ._errors import (
+        Cancelled,
         ConfigError,
         JobStateError,
         LeaseLost,
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
         PermanentError,
         SchedulerError,
         SchemaOutdated,
+        Snooze,
         UnknownHandlerWarning,
         UnknownRow,
     )
@@ -38,6 +40,7 @@ _WHERE = {
     "AppConfig": "._config",
     "AuditEntry": "._store.audit",
     "BackfillResult": "._ops.backfill",
+    "Cancelled": "._errors",
     "ConfigError": "._errors",
     "Job": "._model.job",
     "JobStateError": "._errors",
@@ -48,6 +51,7 @@ _WHERE = {
     "Scheduler": "._app",
     "SchedulerError": "._errors",
     "SchemaOutdated": "._errors",
+    "Snooze": "._errors",
     "SyncPlan": "._model.rows",
     "TaskRow": "._model.rows",
     "TaskSpec": "._model.rows",
@@ -90,6 +94,7 @@ __all__ = [
     "AppConfig",
     "AuditEntry",
     "BackfillResult",
+    "Cancelled",
     "ConfigError",
     "Job",
     "JobStateError",
@@ -100,6 +105,7 @@ __all__ = [
     "Scheduler",
     "SchedulerError",
     "SchemaOutdated",
+    "Snooze",
     "SyncPlan",
     "TaskRow",
     "TaskSpec",

@@ -232,10 +232,21 @@ class Scheduler:
         max_attempts: int = 3,
         abandoned: AbandonedHook | None = None,
         queue: str = "default",
+        timeout: float | None = None,
     ) -> Callable[[F], F]:
-        """Register the decorated callable as the handler called ``name``."""
+        """Register the decorated callable as the handler called ``name``.
+
+        ``timeout``: seconds one attempt may run (None or 0: no limit). At the limit a worker
+        asks the attempt to stop (an ``async def`` handler is cancelled; a sync one sees
+        ``job.cancel_requested`` and ``job.check()`` raises :class:`Cancelled`); after
+        ``[worker] cancel_grace`` the attempt is over anyway and ends with code ``timeout``."""
         return self.registry.handler(
-            name, retry_safe=retry_safe, max_attempts=max_attempts, abandoned=abandoned, queue=queue
+            name,
+            retry_safe=retry_safe,
+            max_attempts=max_attempts,
+            abandoned=abandoned,
+            queue=queue,
+            timeout=timeout,
         )
 
     def tenant_context(self, factory: TenantContext) -> TenantContext:
@@ -918,7 +929,10 @@ class Scheduler:
         actor: str | None = None,
         connection: Any = None,
     ) -> Job:
-        """Abort a ``queued`` job with code ``cancelled``; refused in any other state."""
+        """Abort a ``queued`` job with code ``cancelled``; for a ``claimed`` one, ask its
+        worker to stop it (returned still ``claimed``: the worker ends it ``aborted`` with code
+        ``cancelled``, within about 2 seconds, ``cancel_grace`` at most after it saw the
+        request). Refused (:class:`~scheduler.JobStateError`) in any other state."""
 
         def change(conn: Any, now: datetime) -> Job:
             return _jobs.cancel(conn, job_id, now=now)

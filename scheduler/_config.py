@@ -68,6 +68,7 @@ class WorkerSettings:
     async_concurrency: int = 100  # async def handlers running at once on the event loop
     lease_seconds: float = 60.0
     shutdown_grace_seconds: float = 30.0
+    cancel_grace: float = 10.0  # seconds a timed-out attempt has to stop before it is fenced
     purge_succeeded_after_days: float = 7.0
     purge_aborted_after_days: float = 30.0
     purge_audit_after_days: float = 365.0  # 0 = keep the audit log for ever
@@ -167,6 +168,7 @@ def _worker_settings(data: Any, path: str) -> WorkerSettings:
         async_concurrency=t.integer("async_concurrency", 1),
         lease_seconds=t.number("lease_seconds", 5),
         shutdown_grace_seconds=t.number("shutdown_grace_seconds"),
+        cancel_grace=t.number("cancel_grace"),
         purge_succeeded_after_days=t.number("purge_succeeded_after_days", positive=True),
         purge_aborted_after_days=t.number("purge_aborted_after_days", positive=True),
         purge_audit_after_days=t.number("purge_audit_after_days"),

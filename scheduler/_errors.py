@@ -34,6 +34,26 @@ class LeaseLost(SchedulerError):
     """The job's lease expired or was taken over; this worker may no longer finish it."""
 
 
+class Cancelled(SchedulerError):
+    """The attempt was asked to stop (its timeout passed): stop the work and let this propagate.
+
+    ``job.check()`` raises it once ``job.cancel_requested`` is true.
+    """
+
+
+class Snooze(Exception):
+    """Raised by a handler to put its job back in the queue for ``seconds``, without using an
+    attempt or counting a failure."""
+
+    def __init__(self, seconds: float) -> None:
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+            raise TypeError(f"Snooze(seconds): expected a number, got {type(seconds).__name__}")
+        if not 0 <= seconds <= 366 * 86400:
+            raise ValueError(f"Snooze(seconds): must be from 0 to one year, got {seconds!r}")
+        super().__init__(f"snoozed for {seconds:g}s")
+        self.seconds = float(seconds)
+
+
 class PermanentError(Exception):
     """Raised by a handler to abort its job at once, without retries.
 

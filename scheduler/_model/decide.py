@@ -76,6 +76,7 @@ class Logged(StrEnum):
 
 
 REASON_FAILURES = "max_consecutive_failures"
+CANCELLED = "cancelled"  # the code of a job an operator cancelled: not a failure of its task
 """Why a row was disabled by the tick (stored in ``disabled_reason``)."""
 REASON_IN_FLIGHT = "in_flight"
 """Why a row was held back or its slot skipped: its last job is queued or claimed."""
@@ -172,6 +173,13 @@ def decide(
             next_slot,
             dst,
             (Entry(Logged.MISSED, served, None, REASON_LATE, detail),),
+        )
+    if state == JobState.ABORTED and row.job_error == CANCELLED:
+        # An operator cancelled the last run: rerun in place, the failure count unchanged.
+        entry = Entry(Logged.RERUN, served, row.last_job_id, CANCELLED, "cancelled: not a failure")
+        merged = _coalesced(row, served, now, passed, row.last_job_id)
+        return _moving(
+            row, now, Action.RERUN, failures, served, None, next_slot, dst, (entry, *merged)
         )
     if state == JobState.ABORTED:
         failures += 1

@@ -22,11 +22,15 @@ class Ending:
     run_code: str | None = None  # the code for the run history, when it differs
     abandoned: bool = False
     message: str | None = None  # the exception's first line, redacted ([worker] error_messages)
+    snoozed: bool = False  # queued again at retry_at, its attempt given back (Snooze)
 
     @property
     def result(self) -> str:
         """How the attempt ended, as the run history, the metrics and the traces name it:
-        ``succeeded``, ``failed`` (a retry follows), ``aborted`` or ``abandoned``."""
+        ``succeeded``, ``failed`` (a retry follows), ``aborted``, ``abandoned`` or
+        ``snoozed``."""
         if self.abandoned:
             return "abandoned"
+        if self.snoozed:
+            return "snoozed"
         return "failed" if self.state == QUEUED else self.state

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -35,6 +37,9 @@ class Handler:
     not, a job taken over from a stopped worker, or whose attempt raised, is not rerun: the
     ``abandoned`` hook runs and the job ends ``aborted`` with code ``abandoned``.
 
+    ``timeout``: seconds one attempt may run (None: no limit). At the limit the attempt is
+    asked to stop; after the worker's ``cancel_grace`` it is over anyway (code ``timeout``).
+
     ``func`` may be an ``async def`` function (``is_async``): the worker runs it on its event
     loop, ``app.work()`` on a loop of its own.
     """
@@ -46,9 +51,29 @@ class Handler:
     abandoned: AbandonedHook | None = None
     queue: str = "default"
     is_async: bool = field(default=False, compare=False)
+    timeout: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "is_async", is_async_callable(self.func))
+        object.__setattr__(self, "timeout", check_timeout(self.timeout, self.name))
+
+
+def check_timeout(value: object, handler: str) -> float | None:
+    """A handler's ``timeout``: None or 0 (no limit), else a positive finite number of seconds;
+    a bad one raises TypeError or ValueError naming the handler and the key."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(
+            f"handler {handler[:40]!r}: timeout must be a number of seconds,"
+            f" got {type(value).__name__}"
+        )
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(
+            f"handler {handler[:40]!r}: timeout must be a positive number of seconds"
+            f" (0 for none), got {value!r}"
+        )
+    return float(value) or None
 
 
 class Registry:
@@ -75,11 +100,14 @@ class Registry:
         max_attempts: int = 3,
         abandoned: AbandonedHook | None = None,
         queue: str = "default",
+        timeout: float | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated callable as ``name`` (as ``Scheduler.handler`` does)."""
+        check_timeout(timeout, name)  # at the decorator's call, before any function is seen
 
         def register(func: F) -> F:
-            self.add(Handler(name, func, retry_safe, max_attempts, abandoned, queue))
+            handler = Handler(name, func, retry_safe, max_attempts, abandoned, queue)
+            self.add(dataclasses.replace(handler, timeout=timeout))
             return func
 
         return register

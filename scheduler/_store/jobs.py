@@ -388,6 +388,13 @@ EXPIRED = (
     .limit(_P("p_limit", type_=Integer))
 )
 
+# A snooze: queued again at run_at, the attempt the claim counted given back.
+_SNOOZE_ONE = by_id(
+    update(jobs)
+    .where(jobs.c.id == _P("p_id"), _HELD)
+    .values(state=QUEUED, run_at=_P("p_retry_at"), attempts=jobs.c.attempts - 1, **_RELEASE)
+)
+
 
 def _seize(conn: Connection, job: Job, now: datetime, values: dict[str, Any]) -> bool:
     """Write ``values`` to an expired job, conditional on the owner and expiry we saw.
@@ -477,8 +484,17 @@ class Finish:
     retry_at: datetime | None = None
     started_at: datetime | None = None
     message: str | None = None  # the run's redacted error message ([worker] error_messages)
+    snoozed: bool = False  # queued again at retry_at with its attempt given back
 
     def values(self, now: datetime) -> dict[str, Any]:
+        if self.snoozed:
+            return {
+                "state": QUEUED,
+                "run_at": self.retry_at,
+                "attempts": self.job.attempts - 1,
+                "lease_owner": None,
+                "lease_expires_at": None,
+            }
         if self.state == QUEUED:
             return {
                 "state": QUEUED,
@@ -516,9 +532,11 @@ def finish_many(
         params: dict[str, Any] = {**guard, "p_id": f.job.id, "p_code": f.code}
         if f.state == QUEUED:
             params["p_retry_at"] = f.retry_at
+            statement = _SNOOZE_ONE if f.snoozed else _RETRY_ONE
         else:
             params["p_state"] = f.state
-        if conn.execute(_RETRY_ONE if f.state == QUEUED else _END_ONE, params).rowcount == 1:
+            statement = _END_ONE
+        if conn.execute(statement, params).rowcount == 1:
             done[f.job.id] = dataclasses.replace(f.job, **f.values(now))
     history = [
         _run_values(
@@ -784,10 +802,11 @@ BACKFILLED = "backfilled"
 
 
 def cancel(conn: Connection, job_id: int, *, now: datetime) -> Job:
-    """Move a ``queued`` job to ``aborted`` with code ``cancelled``; refused in any other state.
+    """Move a ``queued`` job to ``aborted`` with code ``cancelled``, or ask the worker of a
+    ``claimed`` one to stop it (``cancel_requested_at``); refused in any other state.
 
-    One conditional UPDATE (``state = 'queued'``), its row count checked: a job a worker claimed
-    meanwhile is not cancelled.
+    Each a conditional UPDATE on the state, its row count checked: a job a worker claimed
+    meanwhile is asked to stop instead, one that finished meanwhile is refused.
     """
     result = conn.execute(
         update(jobs)
@@ -795,16 +814,38 @@ def cancel(conn: Connection, job_id: int, *, now: datetime) -> Job:
         .values(**_finished(ABORTED, now, CANCELLED))
     )
     if result.rowcount != 1:
-        job = get_job(conn, job_id)
-        if job is None:
-            raise JobStateError(f"no job {job_id}")
-        raise JobStateError(f"job {job_id} is {job.state}: only a queued job can be cancelled")
+        asked = conn.execute(
+            update(jobs)
+            .where(jobs.c.id == job_id, jobs.c.state == CLAIMED)
+            .values(cancel_requested_at=now)
+        )
+        if asked.rowcount != 1:
+            job = get_job(conn, job_id)
+            if job is None:
+                raise JobStateError(f"no job {job_id}")
+            raise JobStateError(
+                f"job {job_id} is {job.state}: only a queued or running job can be cancelled"
+            )
     found = get_job(conn, job_id)
     assert found is not None
     return found
 
 
 CANCELLED = "cancelled"
+
+
+def cancels_requested(conn: Connection, job_ids: Iterable[int], *, owner: str) -> set[int]:
+    """Which of ``job_ids``, claimed by ``owner``, an operator asked to cancel during their
+    current attempt (a request older than the attempt's start was a past run's)."""
+    found = conn.execute(
+        select(jobs.c.id).where(
+            jobs.c.id.in_(list(job_ids)),
+            jobs.c.state == CLAIMED,
+            jobs.c.lease_owner == owner,
+            jobs.c.cancel_requested_at >= jobs.c.started_at,
+        )
+    )
+    return set(found.scalars())
 
 
 def cancel_task_jobs(conn: Connection, name: str, now: datetime) -> int:

@@ -125,6 +125,9 @@ jobs = Table(
     # The nominal cron instant (before jitter) a dispatched job stands for (revision 0005).
     Column("slot", UTCDateTime),
     Column("tenant", String(63)),
+    # An operator asked to cancel the claimed job at this time (revision 0011): its worker
+    # stops the attempt (a request older than the attempt's started_at is a past run's).
+    Column("cancel_requested_at", UTCDateTime),
     # The claim's scan: lower priority values first (as in Oban), then oldest run_at.
     Index("ix_scheduler_jobs_ready", "state", "queue", "priority", "run_at", "id"),
     # Only jobs with a lease (claimed) or an end (finished) are in these two (revision 0002), so
@@ -245,6 +248,8 @@ workers = Table(
     Column("clock_offset", Float),
     # The handler names this worker registered, a JSON list (revision 0010); None: unknown.
     Column("handlers", Text),
+    # Attempts fenced after their timeout whose handler has not returned (revision 0011).
+    Column("stuck_attempts", Integer),
 )
 
 HandlerName = _UniqueKey(TEXT_LIMITS["handler"])

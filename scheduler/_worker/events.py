@@ -134,6 +134,16 @@ class EventLoop:
 
         self.loop.call_soon_threadsafe(cancel)
 
+    def cancel_job(self, job_id: int) -> None:
+        """Cancel the task running job ``job_id``, if any (thread-safe)."""
+
+        def cancel() -> None:
+            for task, job in list(self._jobs.items()):
+                if job.id == job_id:
+                    task.cancel()
+
+        self.loop.call_soon_threadsafe(cancel)
+
     def close(self) -> None:
         """Stop the loop (tasks still running are cancelled) and the watchdog."""
         self._stop.set()

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .. import signals
-from .._errors import LeaseLost, PermanentError
+from .._errors import Cancelled, LeaseLost, PermanentError, Snooze
 from .._model.backoff import Backoff, delay_after
 from .._model.ending import Ending
 from .._model.handlers import Handler, Registry, error_code, is_async_callable
@@ -44,6 +44,8 @@ RECORD_RETRY_FIRST, RECORD_RETRY_CAP = 0.2, 5.0
 TENANT_CONTEXT_FAILED = "tenant_context_failed"  # the tenant's context did not enter
 RETURNED_AWAITABLE = "handler_returned_awaitable"  # a sync handler returned a coroutine
 WORKER_STOPPED = "worker_stopped"  # an async run cancelled at shutdown, after the grace
+TIMEOUT = "timeout"  # the attempt ran past its handler's timeout
+CANCELLED = "cancelled"  # an operator cancelled the running job
 
 CoroutineRunner = Callable[[Coroutine[Any, Any, Any]], Any]
 
@@ -70,16 +72,51 @@ def finish_args(ending: Ending) -> _jobs.Finish:
         retry_at=ending.retry_at,
         started_at=ending.started,
         message=ending.message,
+        snoozed=ending.snoozed,
     )
+
+
+class Stop:
+    """The stop of one attempt, shared by the worker (which asks and fences) and the handler's
+    :class:`RunningJob` (which sees it).
+
+    ``deadline``: ``time.monotonic()`` at which the attempt is asked to stop, set when its
+    handler starts (:meth:`begin`; None before, or without a limit). Once asked,
+    ``requested`` is set; once the grace passed, ``fenced``: the worker wrote the attempt's
+    end itself, and nothing the attempt does later is written (its heartbeat raises
+    :class:`LeaseLost`, its outcome is discarded). ``returned``: the handler came back.
+    """
+
+    __slots__ = ("began", "deadline", "fenced", "reason", "requested", "returned", "timeout")
+
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
+        self.began: float | None = None
+        self.deadline: float | None = None
+        self.requested = False
+        self.reason: str | None = None  # TIMEOUT or CANCELLED
+        self.fenced = False
+        self.returned = False
+
+    def begin(self) -> None:
+        """The handler starts now: its timeout runs from here."""
+        self.began = time.monotonic()
+        if self.timeout:
+            self.deadline = self.began + self.timeout
+
+    def request(self, reason: str) -> None:
+        if not self.requested:
+            self.reason = reason
+            self.requested = True
 
 
 class RunningJob:
     """What a handler receives: the job's ``id``, ``handler``, ``payload``, ``attempt`` (from
     1), ``max_attempts``, ``task_name``, ``queue``, ``tenant`` and ``slot`` (the nominal cron
     instant, aware UTC, of a task's job, a backfilled one included; ``None`` for an enqueued
-    job), and :meth:`heartbeat`."""
+    job), :meth:`heartbeat`, :attr:`cancel_requested` and :meth:`check`."""
 
-    def __init__(self, job: Job, runner: Runner) -> None:
+    def __init__(self, job: Job, runner: Runner, stop: Stop | None = None) -> None:
         self.id: int = job.id
         self.handler: str = job.handler
         self.payload: dict[str, Any] = job.payload
@@ -90,9 +127,25 @@ class RunningJob:
         self.tenant: str | None = job.tenant
         self.slot: datetime | None = job.slot
         self._runner = runner
+        self._stop = stop
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once this attempt was asked to stop (its handler's ``timeout`` passed, or an
+        operator cancelled the job)."""
+        return self._stop is not None and self._stop.requested
+
+    def check(self) -> None:
+        """Raise :class:`Cancelled` if this attempt was asked to stop: call it between units
+        of work (a sync handler cannot be interrupted otherwise)."""
+        if self.cancel_requested:
+            raise Cancelled()
 
     def heartbeat(self) -> None:
-        """Extend this job's lease; raises :class:`LeaseLost` if it was already lost."""
+        """Extend this job's lease; raises :class:`LeaseLost` if it was already lost (or the
+        attempt was stopped and its end written: nothing it does is recorded any more)."""
+        if self._stop is not None and self._stop.fenced:
+            raise LeaseLost()
         if not self._runner.extend([self.id]):
             raise LeaseLost()
 
@@ -228,6 +281,15 @@ class Runner:
             handlers, exclude, lambda after: retry("claim", lambda: attempt(after), lost=list)
         )
 
+    def cancels_requested(self, job_ids: list[int]) -> set[int]:
+        """Which of ``job_ids`` (held by this runner) an operator asked to cancel."""
+
+        def attempt() -> set[int]:
+            with self.store.read() as conn:
+                return _jobs.cancels_requested(conn, job_ids, owner=self.owner)
+
+        return retry("reading cancels", attempt)
+
     def extend(self, job_ids: list[int]) -> int:
         """Renew the leases this runner holds on ``job_ids``; returns how many it still holds."""
 
@@ -281,18 +343,19 @@ class Runner:
             return asyncio.run(coro)
         return self.coroutine_runner(coro)
 
-    def execute(self, job: Job) -> Ending:
+    def execute(self, job: Job, stop: Stop | None = None) -> Ending:
         """Call the handler and decide what its attempt means; writes nothing.
 
-        An ``async def`` handler is run to its end with :meth:`run_coroutine`."""
+        An ``async def`` handler is run to its end with :meth:`run_coroutine`. ``stop``: the
+        worker's control of the attempt (its timeout), seen by the handler's job."""
         handler = self.registry.get(job.handler)
         started = self.clock()
         if handler is None:
             return self._no_handler(job, started)
         if handler.is_async:
-            outcome: Ending = self.run_coroutine(self.execute_async(job))
+            outcome: Ending = self.run_coroutine(self.execute_async(job, stop))
             return outcome
-        running = RunningJob(job, self)
+        running = RunningJob(job, self, stop)
         token = _CURRENT.set(running)
         try:
             with contextlib.ExitStack() as stack:
@@ -302,15 +365,21 @@ class Runner:
                 result = handler.func(running)
                 if inspect.isawaitable(result):
                     return self._returned_awaitable(job, result, started)
+        except Snooze as exc:
+            return self._snoozed(job, exc, started)
         except PermanentError as exc:
+            if stop is not None and stop.requested:
+                return self.stopped(job, handler, started, stop.reason)
             return self._explained(self._permanent(job, exc, started), exc)
         except Exception as exc:
+            if stop is not None and stop.requested:
+                return self.stopped(job, handler, started, stop.reason)
             return self._explained(self._failed(job, handler, exc, started), exc)
         finally:
             _CURRENT.reset(token)
         return Ending(job, started, SUCCEEDED, None)
 
-    async def execute_async(self, job: Job) -> Ending:
+    async def execute_async(self, job: Job, stop: Stop | None = None) -> Ending:
         """:meth:`execute` on the running event loop: an ``async def`` handler is awaited (a
         sync one runs in a thread). Cancelled while it runs (the worker's shutdown, after the
         grace), the attempt ends as a stopped worker's does: see :meth:`_stopped`."""
@@ -319,9 +388,9 @@ class Runner:
         if handler is None:
             return self._no_handler(job, started)
         if not handler.is_async:
-            outcome: Ending = await asyncio.to_thread(self.execute, job)
+            outcome: Ending = await asyncio.to_thread(self.execute, job, stop)
             return outcome
-        running = RunningJob(job, self)
+        running = RunningJob(job, self, stop)
         token = _CURRENT.set(running)
         try:
             async with contextlib.AsyncExitStack() as stack:
@@ -336,10 +405,18 @@ class Runner:
             if task is None or not task.cancelling():
                 return await self._failed_async(job, handler, asyncio.CancelledError(), started)
             task.uncancel()  # ours to finish: record what the cancellation means
+            if stop is not None and stop.requested:
+                return self.stopped(job, handler, started, stop.reason)
             return await self._stopped(job, handler, started)
+        except Snooze as exc:
+            return self._snoozed(job, exc, started)
         except PermanentError as exc:
+            if stop is not None and stop.requested:
+                return self.stopped(job, handler, started, stop.reason)
             return self._explained(self._permanent(job, exc, started), exc)
         except Exception as exc:
+            if stop is not None and stop.requested:
+                return self.stopped(job, handler, started, stop.reason)
             return self._explained(await self._failed_async(job, handler, exc, started), exc)
         finally:
             _CURRENT.reset(token)
@@ -484,6 +561,51 @@ class Runner:
             return Ending(job, started, ABORTED, WORKER_STOPPED)
         return Ending(job, started, QUEUED, WORKER_STOPPED, retry_at=self.clock())
 
+    def stopped(self, job: Job, handler: Handler, started: datetime, reason: str | None) -> Ending:
+        """How an attempt asked to stop ends: :meth:`timed_out`, or for an operator's cancel
+        ``aborted`` with code ``cancelled`` (no retry, no ``abandoned`` hook)."""
+        if reason != CANCELLED:
+            return self.timed_out(job, handler, started)
+        log.warning(
+            "job %s (%s) attempt %s/%s stopped: cancelled",
+            job.id,
+            job.handler,
+            job.attempts,
+            job.max_attempts,
+            extra={"action": "job_cancelled", "job_id": job.id, "code": CANCELLED},
+        )
+        return Ending(job, started, ABORTED, CANCELLED)
+
+    def timed_out(self, job: Job, handler: Handler, started: datetime) -> Ending:
+        """The attempt ran past its ``timeout``: a failure with code ``timeout``, retried if
+        the handler is retry-safe and attempts remain, else aborted (no ``abandoned`` hook:
+        the attempt may still be running when this is written)."""
+        log.warning(
+            "job %s (%s) attempt %s/%s stopped: it ran past its timeout of %gs",
+            job.id,
+            job.handler,
+            job.attempts,
+            job.max_attempts,
+            handler.timeout or 0,
+            extra={"action": "job_timed_out", "job_id": job.id, "code": TIMEOUT},
+        )
+        if not handler.retry_safe:
+            return Ending(job, started, ABORTED, TIMEOUT)
+        return self._retry_or_abort(job, TIMEOUT, started)
+
+    def _snoozed(self, job: Job, snooze: Snooze, started: datetime) -> Ending:
+        """The handler asked to run again later: queued at now + seconds, the attempt given
+        back, no failure counted."""
+        log.info(
+            "job %s (%s) snoozed for %gs",
+            job.id,
+            job.handler,
+            snooze.seconds,
+            extra={"action": "job_snoozed", "job_id": job.id},
+        )
+        retry_at = self.clock() + timedelta(seconds=snooze.seconds)
+        return Ending(job, started, QUEUED, None, retry_at=retry_at, snoozed=True)
+
     def backoff(self, attempts: int) -> timedelta:
         """1, 2, 4 ... times the base after each failed attempt, capped."""
         return delay_after(attempts, self.backoff_base, self.backoff_max)
@@ -581,6 +703,8 @@ class Runner:
             committed.append((view, outcome.result))
             if outcome.state == SUCCEEDED:
                 signals.send(signals.job_succeeded, job.handler, job=view)
+            elif outcome.snoozed:
+                pass  # not a failure: no signal
             elif outcome.state == QUEUED:
                 signals.send(
                     signals.job_failed,

@@ -57,6 +57,7 @@ from .._store.retry import is_transient
 from .._store.status import health as _health
 from .events import EventLoop
 from .recorder import Recorder
+from .runner import CANCELLED, TIMEOUT, Stop
 from .telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -78,6 +79,8 @@ BACKOFF_MIN, BACKOFF_MAX = 0.5, 30.0
 START_ATTEMPTS = 5  # a transient database error at start-up is retried (0.5 + 1 + 2 + 4 s)
 MAX_TICK_OFFSET = 0.05  # seconds: the spread of the workers' tick offsets (see tick_offset)
 CANCEL_WAIT_SECONDS = 10.0  # after the grace: how long cancelled async jobs get to record
+CANCEL_LOOK_SECONDS = 1.0  # look for operators' cancels of running jobs at most this often
+CANCEL_LOOK_AFTER = 0.5  # only for attempts running at least this long (no read for short jobs)
 
 
 def import_handlers(modules: Iterable[str], folder: str | None = None) -> None:
@@ -165,6 +168,14 @@ class Worker:
         self._slow_at = float("-inf")  # when a job last took SLOW_JOB_SECONDS or more
         self._listening: _wakeup.Listening | None = None  # wake-ups (scheduler/_store/wakeup/)
         self._next_takeover = float("-inf")  # time.monotonic() of the next look for expiries
+        # The running attempts: job id -> (job, its Stop), until the handler returns.
+        self._stops: dict[int, tuple[Job, Stop]] = {}
+        self._next_cancel_look = float("-inf")  # time.monotonic() of the next look for cancels
+        # Attempts fenced after their stop whose handler has not returned: Stop -> on the loop.
+        self._stuck: dict[Stop, bool] = {}
+        self._stuck_threads = 0  # those of them on a thread (not on the loop)
+        self._timeouts: dict[str, float] = {}  # the handlers' with a timeout (read at start)
+        self._stopper_wake = threading.Event()  # an attempt with a deadline started, or stop
 
     def run(self, *, once: bool = False, install_signals: bool = False) -> WorkerResult:
         """Work until stopped; with ``once``: take over, tick, run what is ready, return."""
@@ -187,6 +198,10 @@ class Worker:
         pool = ThreadPoolExecutor(max(self.concurrency, 1), thread_name_prefix="scheduler-job")
         beat = threading.Thread(target=self._heartbeat, name="scheduler-heartbeat", daemon=True)
         beat.start()
+        # Asks attempts to stop (timeouts, cancels) and fences them; only where jobs are run.
+        stopper = threading.Thread(target=self._stopper, name="scheduler-stopper", daemon=True)
+        if self.concurrency > 0:
+            stopper.start()
         try:
             if once:
                 self._once(pool)
@@ -196,8 +211,15 @@ class Worker:
             left = self._drain()
             self._recorder.close()
             self._beat_stop.set()
+            self._stopper_wake.set()
             beat.join()
-            pool.shutdown(wait=not left, cancel_futures=True)
+            if stopper.is_alive():
+                stopper.join()
+            stuck = self.stuck_threads()
+            if stuck:
+                text = f"shutdown: {stuck} attempt(s) still running past their stop, left behind"
+                _log(logging.WARNING, "jobs_left_stuck", text)
+            pool.shutdown(wait=not (left or stuck), cancel_futures=True)
             if self._events is not None:
                 self._events.close()
             if self._listening is not None:
@@ -225,8 +247,13 @@ class Worker:
                 time.sleep(wait)
 
     def _start_loop(self) -> None:
-        """The event loop thread, if any handler is ``async def`` (and jobs are run at all)."""
+        """The event loop thread, if any handler is ``async def`` (and jobs are run at all);
+        the handlers' timeouts, read once here as the async handlers' names are."""
         registry = self.app.registry
+        for name in registry.names():
+            handler = registry.get(name)
+            if handler is not None and handler.timeout:
+                self._timeouts[name] = handler.timeout
         self._async_names = registry.async_names()
         self._sync_handlers = len(self._async_names) < len(registry.names())
         if self._async_names and self.concurrency > 0:
@@ -365,10 +392,16 @@ class Worker:
         bound: on a busy host a no-op job's wall time can reach it, and a worker whose
         prefetch went off at each such spike would claim four times as often.
         """
+        threads = max(self.concurrency - self._stuck_threads, 0)  # less the hung ones
         avg = self._avg_seconds
         if avg is not None and avg < SHORT_JOB_SECONDS and not self._slow_lately():
-            return min(self.concurrency * PREFETCH_FACTOR, MAX_CLAIM)
-        return self.concurrency
+            return min(threads * PREFETCH_FACTOR, MAX_CLAIM)
+        return threads
+
+    def stuck_threads(self) -> int:
+        """How many threads run an attempt that was fenced after its stop (they are not used
+        until it returns)."""
+        return self._stuck_threads
 
     def _slow_lately(self) -> bool:
         return time.monotonic() - self._slow_at < SLOW_MEMORY_SECONDS
@@ -434,25 +467,178 @@ class Worker:
         return self._events is not None and job.handler in self._async_names
 
     def _submit(self, pool: ThreadPoolExecutor, jobs: list[Job]) -> None:
+        timeouts = self._timeouts
         for job in jobs:
+            # Every attempt can be stopped (an operator's cancel); some have a timeout.
+            stop = Stop(timeouts.get(job.handler) if timeouts else None)
             with self._lock:
+                self._stops[job.id] = (job, stop)
                 if self._events is not None and self._on_loop(job):
                     self._async.add(job.id)
                     self._awaiting.add(job.id)
                     self._running[job.id] = None
                     unstarted = functools.partial(self._release, job.id, ran=False)
-                    self._events.start_job(job, self._run_async_job(job), unstarted)
+                    self._events.start_job(job, self._run_async_job(job, stop), unstarted)
                 else:
-                    self._running[job.id] = pool.submit(self._run_job, job)
+                    self._running[job.id] = pool.submit(self._run_job, job, stop)
 
-    async def _run_async_job(self, job: Job) -> None:
+    # -- stopping attempts: timeouts and cancels, then the fence ------------------------
+    def _stopper(self) -> None:
+        """Ask attempts to stop (past their timeout, or cancelled by an operator); fence those
+        still running after ``cancel_grace``. Wakes at the next deadline, at least once a
+        second, and then looks for cancels of the attempts running for
+        ``CANCEL_LOOK_AFTER`` seconds or more (no statement while none runs that long)."""
+        while not self._beat_stop.is_set():
+            self._stopper_wake.clear()
+            now = time.monotonic()
+            try:
+                next_at = self._enforce(now)
+            except Exception as exc:  # never let the stopper die: the next pass tries again
+                self._log_error("stopping jobs", exc, 1.0)
+                next_at = None
+            wait = 1.0 if next_at is None else min(max(next_at - now, 0.01), 1.0)
+            self._stopper_wake.wait(wait)
+
+    def _enforce(self, now: float) -> float | None:
+        """One pass over the running attempts; returns when the next deadline is due."""
+        grace = self.settings.cancel_grace
+        timed_out: list[Job] = []
+        to_fence: list[tuple[Job, Stop]] = []
+        watched: list[int] = []  # running long enough to look for a cancel
+        next_at: float | None = None
+        with self._lock:
+            for job, stop in self._stops.values():
+                if stop.returned or stop.began is None:
+                    continue
+                if not stop.requested and now - stop.began >= CANCEL_LOOK_AFTER:
+                    watched.append(job.id)
+                if stop.deadline is None:
+                    continue
+                if not stop.requested:
+                    if now >= stop.deadline:
+                        stop.request(TIMEOUT)
+                        timed_out.append(job)
+                    due = stop.deadline + (grace if now >= stop.deadline else 0)
+                elif now >= stop.deadline + grace:
+                    to_fence.append((job, stop))
+                    continue
+                else:
+                    due = stop.deadline + grace
+                next_at = due if next_at is None else min(next_at, due)
+        for job in timed_out:
+            timeout = self._timeouts.get(job.handler, 0.0)
+            text = f"job {job.id} ({job.handler}) ran past its timeout of {timeout:g}s: stopping it"
+            _log(logging.WARNING, "job_timeout", text, job_id=job.id)
+            self._ask(job)
+        for job, stop in to_fence:
+            self._fence(job, stop)
+        if watched and now >= self._next_cancel_look:
+            self._next_cancel_look = now + CANCEL_LOOK_SECONDS
+            cancelled = self._cancelled(watched, now)
+            if cancelled:
+                due = now + grace
+                next_at = due if next_at is None else min(next_at, due)
+        return next_at
+
+    def _cancelled(self, watched: list[int], now: float) -> bool:
+        """Ask the attempts an operator cancelled to stop; True if any."""
+        found = self.runner.cancels_requested(watched)
+        asked: list[Job] = []
+        with self._lock:
+            for job_id in found:
+                entry = self._stops.get(job_id)
+                if entry is None or entry[1].requested or entry[1].returned:
+                    continue
+                entry[1].request(CANCELLED)
+                entry[1].deadline = now  # the grace runs from here
+                asked.append(entry[0])
+        for job in asked:
+            text = f"job {job.id} ({job.handler}) was cancelled by an operator: stopping it"
+            _log(logging.WARNING, "job_cancel", text, job_id=job.id)
+            self._ask(job)
+        return bool(asked)
+
+    def _ask(self, job: Job) -> None:
+        """An async attempt is cancelled; a sync one sees ``job.cancel_requested``."""
+        if self._events is not None and self._on_loop(job):
+            self._events.cancel_job(job.id)
+
+    def _fence(self, job: Job, stop: Stop) -> None:
+        """The grace is over and the handler has not returned: write the attempt's end (code
+        ``timeout`` or ``cancelled``) under the lease this worker still holds, which moves the
+        job off this attempt; from now on the attempt's heartbeat raises and its outcome is
+        discarded. A thread left running is counted (one thread fewer for jobs) until it
+        returns."""
+        handler = self.app.registry.get(job.handler)
+        if handler is None:
+            return  # no handler: nothing runs, the attempt ends at once
+        with self._lock:
+            if stop.returned or stop.fenced:
+                return
+            stop.fenced = True
+            on_loop = job.id in self._async
+            self._stuck[stop] = on_loop
+            self._stuck_threads += not on_loop
+            if self._stops.get(job.id, (None, None))[1] is stop:
+                del self._stops[job.id]
+            self._running.pop(job.id, None)  # no more heartbeats for it
+            self._async.discard(job.id)
+            self._awaiting.discard(job.id)
+        ran = time.monotonic() - (stop.began or time.monotonic())
+        started = self.runner.clock() - timedelta(seconds=ran)
+        ending = self.runner.stopped(job, handler, started, stop.reason)
+        text = (
+            f"job {job.id} ({job.handler}) still running {self.settings.cancel_grace:g}s after"
+            f" its stop: its attempt is over ({ending.result}, code {ending.code})"
+        )
+        if not on_loop:
+            text += "; its thread is not used until it returns"
+        _log(logging.ERROR, "job_fenced", text, job_id=job.id)
+
+        def done(result: str) -> None:
+            with self._lock:
+                self._handled += 1
+            text = f"job {job.id} ({job.handler}) {result} ({ending.code}, fenced)"
+            _log(logging.INFO, "job_done", text)
+            self._wake.set()
+
+        self._recorder.submit(ending, done)
+
+    def _returned(self, job: Job, stop: Stop | None) -> bool:
+        """The handler of ``job`` came back: False if its attempt was fenced meanwhile (its
+        outcome is discarded, its thread counted free again)."""
+        if stop is None:
+            return True
+        with self._lock:
+            stop.returned = True
+            if self._stops.get(job.id, (None, None))[1] is stop:
+                del self._stops[job.id]
+            if not stop.fenced:
+                return True
+            if self._stuck.pop(stop, True) is False:
+                self._stuck_threads -= 1
+        text = f"job {job.id} ({job.handler}) returned after its stop; its outcome is discarded"
+        _log(logging.WARNING, "job_returned_late", text, job_id=job.id)
+        self._wake.set()
+        if self._listening is not None:
+            self._listening.slot_freed()
+        return False
+
+    async def _run_async_job(self, job: Job, stop: Stop | None = None) -> None:
         began = time.monotonic()
+        if stop is not None:
+            stop.begin()
+            if stop.deadline is not None:  # the stopper wakes at it (cancels: once a second)
+                self._stopper_wake.set()
         try:
             with self._telemetry.running(job) as run:
-                outcome = await self.runner.execute_async(job)
+                outcome = await self.runner.execute_async(job, stop)
                 run.ended(outcome)
         except Exception:
-            self._crashed(job)
+            if self._returned(job, stop):
+                self._crashed(job)
+            return
+        if not self._returned(job, stop):
             return
         with self._lock:
             self._awaiting.discard(job.id)
@@ -484,14 +670,21 @@ class Worker:
 
         return done
 
-    def _run_job(self, job: Job) -> None:
+    def _run_job(self, job: Job, stop: Stop | None = None) -> None:
         began = time.monotonic()
+        if stop is not None:
+            stop.begin()
+            if stop.deadline is not None:  # the stopper wakes at it (cancels: once a second)
+                self._stopper_wake.set()
         try:
             with self._telemetry.running(job) as run:
-                outcome = self.runner.execute(job)
+                outcome = self.runner.execute(job, stop)
                 run.ended(outcome)
         except Exception:
-            self._crashed(job)
+            if self._returned(job, stop):
+                self._crashed(job)
+            return
+        if not self._returned(job, stop):
             return
 
         ran = time.monotonic() - began
@@ -509,6 +702,8 @@ class Worker:
             self._handed_in.discard(job_id)
             self._async.discard(job_id)
             self._awaiting.discard(job_id)
+            if not ran:  # cancelled before its coroutine ran: nothing else removes it
+                self._stops.pop(job_id, None)
         self._wake.set()
         if self._listening is not None:
             self._listening.slot_freed()
@@ -623,6 +818,7 @@ class Worker:
                 self._ticked_at,
                 clock_offset=offset,
                 handlers=_handlers.names_text(runs),
+                stuck=len(self._stuck),
             )
             self._touched = time.monotonic()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -180,13 +181,43 @@ def retry_command(state: State, job_id: int, reason: str | None, actor: str | No
     click.echo(f"job {found.id} queued again: attempts reset, runs at {utc(found.run_at)}")
 
 
+CANCEL_WAIT_SECONDS = 60.0  # cancel --wait: how long a running job may take to stop
+
+
 @cli.command(name="cancel")
 @click.argument("job_id", metavar="ID", type=int)
+@click.option(
+    "--wait",
+    is_flag=True,
+    help=f"For a running job: return once it has stopped (at most {CANCEL_WAIT_SECONDS:g}s).",
+)
 @audited
 @pass_state
-def cancel_command(state: State, job_id: int, reason: str | None, actor: str | None) -> None:
-    """Cancel job ID, which must be queued: it ends aborted with code `cancelled`."""
-    found = state.open().cancel_job(job_id, reason=reason, actor=actor)
+def cancel_command(
+    state: State, job_id: int, wait: bool, reason: str | None, actor: str | None
+) -> None:
+    """Cancel job ID: a queued job ends aborted with code `cancelled`; a running (claimed) one
+    is stopped by its worker within about 2 seconds, then ends the same way."""
+    app = state.open()
+    found = app.cancel_job(job_id, reason=reason, actor=actor)
+    if found.state == "claimed" and wait:
+        deadline = time.monotonic() + CANCEL_WAIT_SECONDS
+        while found.state == "claimed" and time.monotonic() < deadline:
+            time.sleep(0.1)
+            found = app.get_job(job_id) or found
+        if found.state == "claimed":
+            raise click.ClickException(
+                f"job {job_id} is still running {CANCEL_WAIT_SECONDS:g}s after the cancel: is its"
+                f" worker {found.lease_owner} alive?"
+            )
+        click.echo(f"job {found.id} stopped: {found.state} with code {found.last_error_code}")
+        return
+    if found.state == "claimed":
+        click.echo(
+            f"job {found.id} is running on {found.lease_owner}: cancel requested; its worker"
+            " stops it and it ends aborted with code cancelled"
+        )
+        return
     click.echo(f"job {found.id} cancelled: aborted with code {found.last_error_code}")
 
 

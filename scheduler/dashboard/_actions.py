@@ -103,8 +103,10 @@ def retry(dash: Dashboard, request: Request, session: dict[str, Any], reason: st
 
 def cancel(dash: Dashboard, request: Request, session: dict[str, Any], reason: str) -> str:
     job_id = request.path_params["job_id"]
-    dash.app.cancel_job(job_id, reason=reason, actor=session["user"])
+    found = dash.app.cancel_job(job_id, reason=reason, actor=session["user"])
     logged(session, "cancel", f"job {job_id}", reason)
+    if found.state == "claimed":
+        return f"Job {job_id} is running: its worker stops it (aborted, code cancelled)."
     return f"Job {job_id} cancelled."
 
 

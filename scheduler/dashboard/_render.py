@@ -25,6 +25,7 @@ OUTCOME_TONES = {
     "aborted": "bad",
     "abandoned": "bad",
     "lost": "off",
+    "snoozed": "off",
     "queued": "run",
     "claimed": "run",
 }

@@ -136,7 +136,7 @@ def test_retry_and_cancel(cli: Cli, app: Scheduler) -> None:
             .values(state="aborted", attempts=1, last_error_code="bad_input")
         )
     assert cli.refused("cancel", str(dead)) == (
-        f"error: job {dead} is aborted: only a queued job can be cancelled"
+        f"error: job {dead} is aborted: only a queued or running job can be cancelled"
     )
     assert cli.refused("retry", str(queued)) == (
         f"error: job {queued} is queued: only an aborted job can be retried"

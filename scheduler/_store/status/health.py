@@ -56,9 +56,11 @@ def touch(
     keep_latest: bool = False,
     clock_offset: float | None = None,
     handlers: str | None = None,
+    stuck: int | None = None,
 ) -> None:
     """Record that ``worker_id`` is alive (and when it last ticked, and how far its host's
-    clock is from the database's, when measured); registers it if needed.
+    clock is from the database's, when measured); registers it if needed. ``stuck``: the
+    worker's attempts still running past their stop (fenced after a timeout), when given.
 
     Two processes may register one id at once (``scheduler tick`` runs share their host's id):
     the one that loses (a duplicate key on PostgreSQL, a deadlock on MariaDB) updates the row
@@ -69,6 +71,8 @@ def touch(
     values: dict[str, Any] = {"last_seen_at": now, "last_tick_at": last_tick_at}
     if clock_offset is not None:
         values["clock_offset"] = clock_offset
+    if stuck is not None:
+        values["stuck_attempts"] = stuck
     changes: dict[str, Any] = dict(values)
     if keep_latest and last_tick_at is not None:
         on_record = workers.c.last_tick_at
@@ -344,6 +348,17 @@ def _clocks(f: Facts) -> list[str]:
     return found
 
 
+def _stuck_attempts(f: Facts) -> list[str]:
+    """Attempts fenced after their timeout whose handler never returned: each holds one of its
+    worker's threads (docs/howto/timeouts.md)."""
+    return [
+        f"{w.stuck_attempts} attempt(s) still running past their stop on worker {w.id}:"
+        " it runs that many fewer jobs at once until they return (restart it to free them)"
+        for w in f.running
+        if w.stuck_attempts
+    ]
+
+
 WARNINGS: list[Callable[[Facts], list[str]]] = [
     _jobs_overdue,
     _jobs_stopped,
@@ -354,6 +369,7 @@ WARNINGS: list[Callable[[Facts], list[str]]] = [
     _rows_disabled_by_failures,
     _no_tick,
     _clocks,
+    _stuck_attempts,
 ]
 """The warnings ``status`` prints, in order. To add one: a function of :class:`Facts` that
 returns its lines (none when all is well), appended here; what it needs that :func:`_read` does
