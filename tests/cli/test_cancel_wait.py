@@ -37,10 +37,12 @@ def test_cancel_wait_returns_once_the_running_job_stopped(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.delenv("SCHEDULER_CONFIG", raising=False)
     monkeypatch.delenv("SCHEDULER_DATABASE_URL", raising=False)
     config = tmp_path / "app.toml"
     config.write_text(f'[database]\nurl = "{db_url_sp}"\n')
+    # The command exports SCHEDULER_CONFIG (for handler modules): set here, so that the
+    # test's end takes it away again instead of leaving it to the next test of this process.
+    monkeypatch.setenv("SCHEDULER_CONFIG", str(config))
     started = threading.Event()
 
     @app.handler("s.loop")

@@ -458,7 +458,11 @@ def test_the_command_ends_without_the_teardown_only_where_no_user_code_ran(
         return subprocess.run(
             [sys.executable, "-c", code, *args],
             cwd=tmp_path,
-            env={**os.environ, "TEARDOWN_FILE": str(marker), "PYTHONPATH": str(tmp_path)},
+            env={
+                **{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")},
+                "TEARDOWN_FILE": str(marker),
+                "PYTHONPATH": str(tmp_path),
+            },
             capture_output=True,
             text=True,
             timeout=60,

@@ -72,12 +72,17 @@ class Cli:
     def __call__(self, *args: str) -> tuple[int, str, str]:
         root = logging.getLogger()
         handlers = list(root.handlers)
+        exported = os.environ.get("SCHEDULER_CONFIG")  # the command exports its config file
         try:
             main(["--config", str(self.config), *args])
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
         finally:
+            if exported is None:  # not left to the next test of this process
+                os.environ.pop("SCHEDULER_CONFIG", None)
+            else:
+                os.environ["SCHEDULER_CONFIG"] = exported
             for handler in root.handlers[:]:  # the CLI adds a stderr handler each time
                 if handler not in handlers:
                     root.removeHandler(handler)
