@@ -9,9 +9,7 @@ Playwright never downloads a browser here.
 
 from __future__ import annotations
 
-import os
 import re
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from helpers.browser import chromium, serving
 
 from scheduler import PermanentError, Scheduler, TaskSpec
 from scheduler._config import DashboardSettings
@@ -30,7 +29,6 @@ from scheduler.dashboard import create_app, hash_password
 playwright_api = pytest.importorskip("playwright.sync_api")
 uvicorn = pytest.importorskip("uvicorn")
 
-CHROMIUM = os.environ.get("SCHEDULER_TEST_CHROMIUM", "/usr/bin/chromium")
 HOSTILE = "<script>alert(1)</script>"
 HOSTILE_CODE = "x\"'><img src=x onerror=alert(2)>"
 PASSWORD = "open sesame"
@@ -39,38 +37,8 @@ GREEN, RED = "rgb(22, 163, 74)", "rgb(220, 38, 38)"
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    if not os.path.exists(CHROMIUM):
-        message = f"Chromium not found at {CHROMIUM} (apt-get install chromium)"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message + "; CI requires it", pytrace=False)
-        pytest.skip(message)
-    with playwright_api.sync_playwright() as p:
-        found = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+    with chromium() as found:
         yield found
-        found.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def serving(asgi: Any) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(asgi, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 @contextmanager
