@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
+from helpers.worker_thread import Running, wait_until
 
 from scheduler import Cancelled, RunningJob, Scheduler, TaskSpec
 from scheduler._model.handlers import Registry
-from scheduler._worker.worker import Worker
 
 GRACE = 0.5
 REACHES_WITHIN = 2.0  # seconds from the cancel to the job's end, for a handler that checks
@@ -25,34 +24,6 @@ def quick(db_url: str) -> Iterator[Scheduler]:
     app = Scheduler(db_url, registry=Registry(), concurrency=2, cancel_grace=GRACE)
     yield app
     app.close()
-
-
-def wait_until(test: Callable[[], Any], seconds: float = 10.0) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        found = test()
-        if found:
-            return found
-        time.sleep(0.02)
-    raise AssertionError(f"not within {seconds}s: {test}")
-
-
-class Running:
-    """A worker serving on a thread of its own, stopped at the end."""
-
-    def __init__(self, app: Scheduler) -> None:
-        self.worker = Worker(app, serve_metrics=False)
-        self.thread = threading.Thread(target=self.worker.run, daemon=True)
-
-    def __enter__(self) -> Worker:
-        self.thread.start()
-        assert self.worker.started.wait(10)
-        return self.worker
-
-    def __exit__(self, *exc: object) -> None:
-        self.worker.stop(force=True)
-        self.thread.join(15)
-        assert not self.thread.is_alive()
 
 
 def state(app: Scheduler, job_id: int) -> tuple[str, str | None]:
