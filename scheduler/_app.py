@@ -348,12 +348,17 @@ class Scheduler:
 
         def attempt() -> SyncPlan:  # one transaction: a deadlock rolled all of it back
             with self.store.begin() as conn:
-                now = self.clock()
+                read: list[datetime] = []
+
+                def clock() -> datetime:  # read once the rows are (see _rows.apply)
+                    read.append(self.clock())
+                    return read[-1]
+
                 try:
                     plan = _rows.sync(
                         conn,
                         chosen,
-                        now=now,
+                        now=clock,
                         payload_limit=self.settings.payload_limit_bytes,
                         dry_run=dry_run,
                         preview=dry_run,
@@ -365,7 +370,7 @@ class Scheduler:
                 if not dry_run and (plan.insert or plan.update or plan.disable):
                     _audit.record(
                         conn,
-                        now=now,
+                        now=read[0],
                         actor=who,
                         action="sync",
                         target=None,

@@ -403,7 +403,8 @@ def apply(
     names = [task.name for task in tasks]
     # A sync reads the file's rows alone (one statement); a name of the application's makes
     # its INSERT fail (NameTaken, told apart by the caller). A dry run looks it up instead.
-    lock = source == API and not dry_run and callable(now)
+    # Either owner's rows are read FOR UPDATE before the clock is (a sync's too: the same race).
+    lock = not dry_run and callable(now)
     existing = _read_existing(
         conn, names, source, group, replace, source != FILE or dry_run, lock=lock
     )
@@ -550,12 +551,13 @@ def sync(
     conn: Connection,
     tasks: Iterable[Any],
     *,
-    now: datetime,
+    now: datetime | Callable[[], datetime],
     payload_limit: int,
     dry_run: bool = False,
     preview: bool = False,
 ) -> SyncPlan:
-    """Make the file's rows match ``tasks``: :func:`apply` for the owner ``file``."""
+    """Make the file's rows match ``tasks``: :func:`apply` for the owner ``file`` (``now``
+    the clock itself: read once the rows are, as for the application's rows)."""
     return apply(
         conn,
         tasks,

@@ -83,3 +83,29 @@ def test_a_cron_change_never_brings_back_a_dispatched_slot(
     slots = [slot for slot, _payload in found]
     assert slots.count(SLOT) == 1, found  # at most once, whichever process won it
     assert slots == sorted(set(slots))
+
+
+@pytest.mark.parametrize("db_url", ["postgresql", "mariadb"], indirect=True)
+def test_a_cron_change_by_sync_never_brings_back_a_dispatched_slot(
+    apps: tuple[Scheduler, Scheduler, TickWhenRead],
+) -> None:
+    """The same race with the file's owner: ``sync`` changes a file task's cron while a tick
+    dispatches the slot both schedules have."""
+    editor, ticker, clock = apps
+    editor.sync([spec("* * * * * *", 0)])
+    row = editor.get_row("crm-sync-7")
+    assert row is not None and row.next_run_at == SLOT and row.source == "file"
+
+    clock.now = SLOT - timedelta(milliseconds=100)
+    clock.armed = (ticker, SLOT + timedelta(milliseconds=50))
+    plan = editor.sync([spec("*/2 * * * * *", 1)])  # the tick runs while it reads the clock
+    assert plan.update == ["crm-sync-7"]
+    assert clock.armed is None and len(clock.reports) == 1
+
+    for ms in (100, 1100, 2100):
+        ticker.tick(now=SLOT + timedelta(milliseconds=ms))
+    with editor.store.read() as conn:
+        found = conn.execute(select(jobs.c.slot, jobs.c.payload).order_by(jobs.c.id)).all()
+    slots = [slot for slot, _payload in found]
+    assert slots.count(SLOT) == 1, found
+    assert slots == sorted(set(slots))
