@@ -95,6 +95,20 @@ try:
     Task.objects.get(name="tidy").save()
 except TypeError as exc:
     seen["save_refused"] = str(exc)
+bulk = {
+    "update": lambda: Task.objects.filter(name="tidy").update(cron="* * * * *"),
+    "delete": lambda: Task.objects.filter(name="crm-sync-42").delete(),
+    "bulk_create": lambda: Task.objects.bulk_create([Task(name="x", handler="h")]),
+    "bulk_update": lambda: Task.objects.bulk_update([tidy], ["cron"]),
+    "create": lambda: Task.objects.create(name="y", cron="* * * * *", handler="h"),
+    "update_or_create": lambda: Task.objects.update_or_create(name="tidy", defaults={"jitter": 9}),
+}
+seen["bulk_refused"] = {}
+for what, call in bulk.items():
+    try:
+        call()
+    except TypeError as exc:
+        seen["bulk_refused"][what] = str(exc)
 print("SEEN " + json.dumps(seen))
 """
 
@@ -226,5 +240,15 @@ def test_the_admin_lists_filters_and_changes_tasks_through_the_scheduler(admin_u
         assert seen["delete_status"] == 302 and app.get_row("crm-sync-43") is None
         assert app.audit("crm-sync-43")[0].action == "remove_task"
         assert "put_task" in seen["save_refused"]
+        # a queryset's writes in bulk are refused as save() is, and changed nothing
+        refused = seen["bulk_refused"]
+        assert sorted(refused) == sorted(
+            ["update", "delete", "bulk_create", "bulk_update", "create", "update_or_create"]
+        )
+        assert "remove_task" in refused["delete"] and "put_task" in refused["update"]
+        tidy = app.get_row("tidy")
+        assert tidy is not None and tidy.cron == "0 4 * * *"
+        assert app.get_row("crm-sync-42") is not None
+        assert app.get_row("x") is None and app.get_row("y") is None
     finally:
         app.close()

@@ -3,13 +3,39 @@ read-only queries: :class:`Task` is an *unmanaged* model over the scheduler's ``
 table (``managed = False``: Django never creates, migrates or drops it; ``manage.py scheduler
 migrate`` does). Read it freely; change tasks only through the scheduler's calls
 (``put_task``, ``remove_task``, ``enable``, ``disable``), as the admin does: a ``save()`` or
-``delete()`` on it bypasses the scheduler's checks, its audit and its rules, and is refused."""
+``delete()`` on it — or a queryset's ``update()``, ``delete()``, ``bulk_create()`` or
+``bulk_update()`` — would bypass the scheduler's checks, its audit and its rules, and is refused."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.db import models
+
+_CHANGE = "scheduler tasks change through the scheduler: get_scheduler().put_task(...)"
+
+
+class TaskQuerySet(models.QuerySet["Task"]):
+    """Reads as any queryset; its writes in bulk are refused as ``Task.save()`` is (one
+    ``UPDATE`` would skip the checks, the recomputed ``next_run_at``, the version a racing tick
+    compares and the audit entry)."""
+
+    def update(self, **kwargs: Any) -> int:
+        raise TypeError(_CHANGE)
+
+    def delete(self) -> Any:
+        raise TypeError(
+            "scheduler tasks are removed through the scheduler: get_scheduler().remove_task(...)"
+        )
+
+    def bulk_create(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(_CHANGE)
+
+    def bulk_update(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(_CHANGE)
+
+    def update_or_create(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(_CHANGE)
 
 
 class Task(models.Model):
@@ -42,6 +68,8 @@ class Task(models.Model):
     disabled_reason = models.CharField(max_length=64, null=True, editable=False)
     disabled_note = models.CharField(max_length=500, null=True, editable=False)
 
+    objects = TaskQuerySet.as_manager()
+
     class Meta:
         managed = False
         db_table = "scheduler_rows"
@@ -52,9 +80,7 @@ class Task(models.Model):
         return str(self.name)
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError(
-            "scheduler tasks change through the scheduler: get_scheduler().put_task(...)"
-        )
+        raise TypeError(_CHANGE)
 
     def delete(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(
