@@ -159,9 +159,10 @@ def _drop_namespaces() -> None:
 # shared PostgreSQL server) must run alone. Every test holds a shared lock on one file while it
 # runs, an exclusive test an exclusive one; all of them pass through a gate first, which the
 # exclusive test keeps closed while it waits, so the others' next tests cannot starve it.
-_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid()))
-_LOCK_PATH = Path(tempfile.gettempdir()) / f"scheduler-tests-{_RUN}.lock"
-_GATE_PATH = Path(tempfile.gettempdir()) / f"scheduler-tests-{_RUN}.gate"
+# The files are the machine's, not the run's: a second checkout's test run on the same machine
+# (and the same server) waits for the restart too, instead of failing in the middle of it.
+_LOCK_PATH = Path(tempfile.gettempdir()) / "scheduler-tests.lock"
+_GATE_PATH = Path(tempfile.gettempdir()) / "scheduler-tests.gate"
 
 
 @pytest.hookimpl(wrapper=True)
