@@ -340,9 +340,12 @@ def _read_existing(
             stmt = select(*columns).where(rows.c.name.in_(chunk), rows.c.source != source)
             found.update((row[0], row) for row in conn.execute(stmt))
     else:
+        # A few names (the application's calls): their next_run_at comes along, after the
+        # ``_READ`` columns, for the preview's fires before (no read of its own).
         ordered = sorted(names) if lock else names
         for i in range(0, len(ordered), _CHUNK):
-            stmt = select(*columns).where(rows.c.name.in_(ordered[i : i + _CHUNK]))
+            chunk = ordered[i : i + _CHUNK]
+            stmt = select(*columns, rows.c.next_run_at).where(rows.c.name.in_(chunk))
             found.update((row[0], row) for row in conn.execute(owned(stmt)))
     if replace and group is not None:
         stmt = select(*columns).where(rows.c.task_group == group, rows.c.source == API)
@@ -600,7 +603,9 @@ def _previews(
     """Each changed task's fires before (its stored schedule) and after (the new one)."""
     from .._model import slots as _slots
 
-    stored = _next_runs_of(conn, [t.name for t, _k, _a, _m in changed if t.name in existing])
+    known = [t.name for t, _k, _a, _m in changed if t.name in existing]
+    stored = {n: existing[n][len(_READ)] for n in known if len(existing[n]) > len(_READ)}
+    stored.update(_next_runs_of(conn, [n for n in known if n not in stored]))
     found: list[TaskChange] = []
     for task, keys, after_due, moves in changed:
         current = existing.get(task.name)

@@ -267,3 +267,26 @@ def test_rows_filters_and_pages_by_name(sched: Scheduler) -> None:
     assert len(sched.rows(limit=None)) == 9 and len(sched.rows(limit=None)) == 9
     with pytest.raises(ValueError, match="source 'web'"):
         sched.rows(source="web")
+
+
+def test_a_changed_payload_is_one_read_of_the_row_before_its_write(sched: Scheduler) -> None:
+    """The row's ``next_run_at`` (the change's fires before) comes with the locked read of
+    the row, not in a read of its own: ``put_task`` of a changed payload reads the row once,
+    writes it, reads it back for the returned change and writes the audit entry."""
+    from sqlalchemy import event
+
+    sched.put_task(crm())
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "scheduler_rows" in statement or "scheduler_audit" in statement:
+            seen.append(statement.split(None, 1)[0].upper())
+
+    event.listen(sched.store.engine, "before_cursor_execute", record)
+    try:
+        change = sched.put_task(crm(payload={"customer": 43}))
+    finally:
+        event.remove(sched.store.engine, "before_cursor_execute", record)
+    assert change.action == "updated" and change.changed == ("payload",)
+    assert change.fires_before == change.fires_after and len(change.fires_before) == 5
+    assert seen == ["SELECT", "UPDATE", "SELECT", "INSERT"]
