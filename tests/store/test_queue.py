@@ -183,9 +183,13 @@ def test_claim_in_overlapping_transactions_gives_the_job_to_one(
 
 
 def race_on_one_job_set(url: str, out: Path, processes: int) -> list[int | None]:
-    """`processes` spawned processes call work() on the same job set at once; exit codes."""
+    """`processes` spawned processes call work() on the same job set at once; exit codes.
+
+    They start together once every one has connected (a barrier, not a fixed wait: on a
+    loaded machine the first process ready used to run all the jobs before the others had
+    imported the package)."""
     ctx = multiprocessing.get_context("spawn")
-    start = ctx.Event()
+    start = ctx.Barrier(processes + 1)
     procs = [
         ctx.Process(target=race_worker, args=(url, str(out), start, f"w{n}"))
         for n in range(processes)
@@ -193,8 +197,7 @@ def race_on_one_job_set(url: str, out: Path, processes: int) -> list[int | None]
     for proc in procs:
         proc.start()
     try:
-        time.sleep(0.5)
-        start.set()
+        start.wait(120)
         for proc in procs:
             proc.join(120)  # spawn and import are slow on a loaded machine
     finally:
