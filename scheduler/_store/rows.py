@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, case, delete, func, insert, select, true, update
+from sqlalchemy import (
+    ARRAY,
+    Connection,
+    Text,
+    any_,
+    bindparam,
+    case,
+    delete,
+    func,
+    insert,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from .._errors import ConfigError, SchedulerError, UnknownRow
@@ -236,6 +249,24 @@ _INSERTED = (
 _PLACEHOLDER = {"qmark": "?", "format": "%s", "pyformat": "%s"}
 # Names per IN list when the rows of a few tasks are read by name.
 _CHUNK = 500
+# On PostgreSQL the names go as one array (``name = ANY(:names)``), this many at a time: an IN
+# list of 500 placeholders is parsed by the driver in Python, ~2.5 ms of CPU per statement
+# (2,000 of them to look up a million new names).
+_ARRAY_CHUNK = 20_000
+
+
+def _names_in(conn: Connection, names: list[str]) -> Iterator[Any]:
+    """``rows.name IN names`` as one condition per chunk of ``names``."""
+    if conn.dialect.name == "postgresql":
+        for i in range(0, len(names), _ARRAY_CHUNK):
+            chunk = names[i : i + _ARRAY_CHUNK]
+            yield rows.c.name == any_(bindparam("p_names", chunk, type_=ARRAY(Text)))
+        return
+    for i in range(0, len(names), _CHUNK):
+        chunk = names[i : i + _CHUNK]
+        yield rows.c.name.in_(chunk)
+
+
 # With more tasks than this, every row of the owner is read in one statement instead.
 _READ_ALL_ABOVE = 5_000
 MAX_GROUP = 200
@@ -252,10 +283,8 @@ class NameTaken(SchedulerError):
 
 def taken_name(conn: Connection, names: list[str], source: str) -> str | None:
     """The first of ``names`` that a row of another owner than ``source`` has."""
-    for i in range(0, len(names), _CHUNK):
-        stmt = select(rows.c.name).where(
-            rows.c.name.in_(names[i : i + _CHUNK]), rows.c.source != source
-        )
+    for named in _names_in(conn, names):
+        stmt = select(rows.c.name).where(named, rows.c.source != source)
         found = conn.execute(stmt.order_by(rows.c.name).limit(1)).first()
         if found is not None:
             return str(found[0])
@@ -335,17 +364,15 @@ def _read_existing(
         for row in conn.execute(owned(select(*columns).where(rows.c.source == source))):
             found[row[0]] = row
         others_names = [n for n in names if n not in found] if others else []
-        for i in range(0, len(others_names), _CHUNK):  # the names among the other owner's
-            chunk = others_names[i : i + _CHUNK]
-            stmt = select(*columns).where(rows.c.name.in_(chunk), rows.c.source != source)
+        for named in _names_in(conn, others_names):  # the names among the other owner's
+            stmt = select(*columns).where(named, rows.c.source != source)
             found.update((row[0], row) for row in conn.execute(stmt))
     else:
         # A few names (the application's calls): their next_run_at comes along, after the
         # ``_READ`` columns, for the preview's fires before (no read of its own).
         ordered = sorted(names) if lock else names
-        for i in range(0, len(ordered), _CHUNK):
-            chunk = ordered[i : i + _CHUNK]
-            stmt = select(*columns, rows.c.next_run_at).where(rows.c.name.in_(chunk))
+        for named in _names_in(conn, ordered):
+            stmt = select(*columns, rows.c.next_run_at).where(named)
             found.update((row[0], row) for row in conn.execute(owned(stmt)))
     if replace and group is not None:
         stmt = select(*columns).where(rows.c.task_group == group, rows.c.source == API)
@@ -356,9 +383,8 @@ def _read_existing(
 def _next_runs_of(conn: Connection, names: list[str]) -> dict[str, datetime | None]:
     """The stored ``next_run_at`` of these rows."""
     found: dict[str, datetime | None] = {}
-    for i in range(0, len(names), _CHUNK):
-        chunk = names[i : i + _CHUNK]
-        stmt = select(rows.c.name, rows.c.next_run_at).where(rows.c.name.in_(chunk))
+    for named in _names_in(conn, names):
+        stmt = select(rows.c.name, rows.c.next_run_at).where(named)
         found.update((name, due) for name, due in conn.execute(stmt))
     return found
 
