@@ -894,7 +894,7 @@ def breakdown(args: argparse.Namespace) -> None:
     cluster = _bench.PgCluster(
         settings={
             "shared_preload_libraries": "pg_stat_statements",
-            "pg_stat_statements.track": "all",
+            "pg_stat_statements.track": "top",
             "pg_stat_statements.track_utility": "on",
         }
     )
