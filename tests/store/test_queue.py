@@ -1013,9 +1013,9 @@ def test_sqlite_lock_past_the_busy_timeout_is_sqlalchemys_operational_error(
         app.close()
 
 
-def _traced(engine: Engine, into: Path) -> None:
+def _traced(engine: Engine, into: Path) -> Any:
     """libpq's own trace of every message each pooled connection sends and receives, written
-    to ``into`` while the connection is checked out."""
+    to ``into`` while the connection is checked out; returns the open file (close it)."""
     from sqlalchemy import event
 
     sink = into.open("a")
@@ -1029,6 +1029,8 @@ def _traced(engine: Engine, into: Path) -> None:
         if dbapi_connection is not None:
             dbapi_connection.pgconn.untrace()
         sink.flush()
+
+    return sink
 
 
 def _sent(trace: Path) -> list[str]:
@@ -1047,12 +1049,15 @@ def test_enqueue_without_a_key_is_one_round_trip_on_postgresql(direct_pg_url: st
     COMMIT on the wire (one Sync: one round trip); the job is committed when enqueue returns.
     With a dedupe key it stays a transaction of its own (BEGIN, INSERT ... ON CONFLICT,
     COMMIT)."""
-    app = Scheduler(direct_pg_url, registry=Registry())
+    registry = Registry()
+    registry.handler("h")(lambda job: None)
+    app = Scheduler(direct_pg_url, registry=registry)
     other = Scheduler(direct_pg_url, registry=Registry())
+    trace = tmp_path / "libpq.trace"
+    sink = None
     try:
         app.enqueue("h", {})  # connect, and load the types, before the trace
-        trace = tmp_path / "libpq.trace"
-        _traced(app.store.engine, trace)
+        sink = _traced(app.store.engine, trace)
         job_id = app.enqueue("h", {"n": 1})
         sent = _sent(trace)
         assert [m.split()[0] for m in sent] == ["Parse", "Bind", "Describe", "Execute", "Sync"]
@@ -1068,3 +1073,5 @@ def test_enqueue_without_a_key_is_one_round_trip_on_postgresql(direct_pg_url: st
     finally:
         app.close()
         other.close()
+        if sink is not None:
+            sink.close()
