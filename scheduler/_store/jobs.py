@@ -153,13 +153,37 @@ def insert_job(conn: Connection, values: dict[str, Any]) -> int:
 
 def enqueue(store: Store, values: dict[str, Any]) -> int:
     """Insert a job in a transaction of our own (run again after a deadlock); with a dedupe
-    key, return the active job holding that key if any."""
+    key, return the active job holding that key if any.
+
+    Without a dedupe key the job is one statement (the ``INSERT``, which carries its wake-up on
+    PostgreSQL): through psycopg, where no transaction pooler needs each transaction to carry
+    its settings, that statement runs in the driver's autocommit, its own transaction, in one
+    round trip instead of three (``BEGIN``, ``INSERT``, ``COMMIT``)."""
+    if values.get("dedupe_key") is None and store.caps.autocommit_reads:
+        return retry("enqueue", lambda: _enqueue_alone(store, values))
 
     def attempt() -> int:
         with store.begin() as conn:
             return enqueue_on(store, conn, values)
 
     return retry("enqueue", attempt)
+
+
+def _enqueue_alone(store: Store, values: dict[str, Any]) -> int:
+    """:func:`enqueue_on` of a job without a dedupe key, its one statement in the driver's
+    autocommit (psycopg). SQLAlchemy's transaction still begins and commits around it, so
+    what the statement announced to this process's workers goes out after the commit, as
+    after any transaction's."""
+    with store.engine.connect() as conn:
+        driver: Any = conn.connection.driver_connection
+        driver.autocommit = True  # psycopg: a local flag, no round trip
+        try:
+            job_id = enqueue_on(store, conn, values)
+            conn.commit()  # ends SQLAlchemy's transaction; the server has committed already
+            return job_id
+        finally:
+            if not conn.invalidated:
+                driver.autocommit = False
 
 
 def enqueue_on(store: Store, conn: Connection, values: dict[str, Any]) -> int:

@@ -275,14 +275,27 @@ class Worker:
             return False
         with self._lock:
             running_async, awaiting = len(self._async), len(self._awaiting)
-            sync_busy = len(self._running) - running_async
+            sync_free = self._sync_free(running_async)
         if self._events is not None:
             limit = self.async_concurrency
             if min(limit - awaiting, 2 * limit - running_async) > 0:
                 return True
             if not self._sync_handlers:
                 return False
-        return sync_busy < self._capacity()
+        return sync_free > 0
+
+    def _sync_free(self, running_async: int) -> int:
+        """Free slots for jobs run on the threads (under ``_lock``). A slot is free once its
+        handler returned: its outcome waits for the recorder (the job still held, its lease
+        renewed), up to as many again as the capacity, so that the next claim need not wait
+        for the recorder's commit, nor the recorder for the claim. The async slots of
+        ``_fill`` work the same way."""
+        capacity = self._capacity()
+        handed_in = self._handed_in
+        if self._async:
+            handed_in = handed_in - self._async
+        held = len(self._running) - running_async
+        return min(capacity - (held - len(handed_in)), 2 * capacity - held)
 
     def _keep_tick_on_record(self) -> None:
         """The worker's last tick stays on record after it stops (its own row goes), as
@@ -416,7 +429,7 @@ class Worker:
         only one kind is registered), so neither kind is claimed to wait behind the other."""
         with self._lock:
             running_async, awaiting = len(self._async), len(self._awaiting)
-            sync_free = self._capacity() - (len(self._running) - running_async)
+            sync_free = self._sync_free(running_async)
         # An async slot is free once its handler returned (its outcome waits for the
         # recorder, its lease still renewed), up to as many again waiting to be written.
         loop_free = 0

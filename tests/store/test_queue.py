@@ -1014,3 +1014,67 @@ def test_sqlite_lock_past_the_busy_timeout_is_sqlalchemys_operational_error(
         assert app.enqueue("h", {}) > 0  # the lock is gone: writes work again
     finally:
         app.close()
+
+
+def _traced(engine: Engine, into: Path) -> Any:
+    """libpq's own trace of every message each pooled connection sends and receives, written
+    to ``into`` while the connection is checked out; returns the open file (close it)."""
+    from sqlalchemy import event
+
+    sink = into.open("a")
+
+    @event.listens_for(engine.pool, "checkout")
+    def trace(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+        dbapi_connection.pgconn.trace(sink.fileno())
+
+    @event.listens_for(engine.pool, "checkin")
+    def untrace(dbapi_connection: Any, _record: Any) -> None:
+        if dbapi_connection is not None:
+            dbapi_connection.pgconn.untrace()
+        sink.flush()
+
+    return sink
+
+
+def _sent(trace: Path) -> list[str]:
+    """The messages the client sent (libpq trace lines ``time F length Message ...``)."""
+    found = []
+    for line in trace.read_text().splitlines():
+        fields = line.split("\t")
+        if len(fields) > 3 and fields[1] == "F":
+            detail = fields[4].strip()[:20] if len(fields) > 4 else ""
+            found.append(f"{fields[3]} {detail}".strip())
+    return found
+
+
+def test_enqueue_without_a_key_is_one_round_trip_on_postgresql(direct_pg_url: str, tmp_path: Path):
+    """A job without a dedupe key is one INSERT in the driver's autocommit: no BEGIN and no
+    COMMIT on the wire (one Sync: one round trip); the job is committed when enqueue returns.
+    With a dedupe key it stays a transaction of its own (BEGIN, INSERT ... ON CONFLICT,
+    COMMIT)."""
+    registry = Registry()
+    registry.handler("h")(lambda job: None)
+    app = Scheduler(direct_pg_url, registry=registry)
+    other = Scheduler(direct_pg_url, registry=Registry())
+    trace = tmp_path / "libpq.trace"
+    sink = None
+    try:
+        app.enqueue("h", {})  # connect, and load the types, before the trace
+        sink = _traced(app.store.engine, trace)
+        job_id = app.enqueue("h", {"n": 1})
+        sent = _sent(trace)
+        assert [m.split()[0] for m in sent] == ["Parse", "Bind", "Describe", "Execute", "Sync"]
+        assert not any(m.startswith("Query") for m in sent), sent
+        seen = other.get_job(job_id)  # another connection sees it committed
+        assert seen is not None and seen.payload == {"n": 1} and seen.state == "queued"
+
+        trace.write_text("")
+        keyed = app.enqueue("h", {}, dedupe_key="k")
+        sent = _sent(trace)
+        assert sent[0] == 'Query "BEGIN"' and sent[-1] == 'Query "COMMIT"', sent
+        assert app.enqueue("h", {}, dedupe_key="k") == keyed
+    finally:
+        app.close()
+        other.close()
+        if sink is not None:
+            sink.close()

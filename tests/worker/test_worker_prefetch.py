@@ -89,3 +89,53 @@ def test_a_long_job_among_short_ones_stops_the_prefetch(
     # the moving average of run times is short either way (0.6 s among 30 no-ops: 0.06 s
     # right after it, 0.02 s ten jobs later)
     assert held == (THREADS if long_job_before else THREADS * PREFETCH_FACTOR)
+
+
+def test_a_thread_takes_the_next_job_while_the_last_outcome_waits_to_be_written(
+    direct_pg_url: str,
+):
+    """A slot is free once its handler returned: with one thread and no prefetch (the last
+    job took SLOW_JOB_SECONDS), a second job starts while the first one's outcome cannot be
+    written yet (its row locked by another transaction). The first stays claimed, its lease
+    held, until the write goes through; then it is recorded as succeeded, once."""
+    from sqlalchemy import create_engine
+
+    app = Scheduler(direct_pg_url, registry=Registry(), concurrency=1)
+    a_started, go_a, b_started = threading.Event(), threading.Event(), threading.Event()
+
+    @app.handler("a")
+    def first(job: Any) -> None:
+        a_started.set()
+        assert go_a.wait(30)
+
+    @app.handler("b")
+    def second(job: Any) -> None:
+        b_started.set()
+
+    locker = create_engine(direct_pg_url)
+    worker = Worker(app, serve_metrics=False)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    try:
+        thread.start()
+        assert worker.started.wait(10)
+        a = app.enqueue("a")
+        assert a_started.wait(10)
+        with locker.connect() as lock:
+            lock.exec_driver_sql(f"SELECT id FROM scheduler_jobs WHERE id = {a} FOR UPDATE")
+            b = app.enqueue("b")
+            time.sleep(SLOW_JOB_SECONDS + 0.1)  # job a is slow: no prefetch from here on
+            go_a.set()
+            assert b_started.wait(10), "job b waited for job a's outcome to be written"
+            job_a = app.get_job(a)
+            assert job_a is not None and job_a.state == "claimed"  # not written yet
+            lock.rollback()
+        wait_for(lambda: count(app, "a", "succeeded") == 1, 10, "job a recorded")
+        wait_for(lambda: count(app, "b", "succeeded") == 1, 10, "job b recorded")
+        assert [r["outcome"] for r in app.history(a)] == ["succeeded"]
+        assert [r["outcome"] for r in app.history(b)] == ["succeeded"]
+    finally:
+        go_a.set()
+        worker.stop(force=True)
+        thread.join(15)
+        locker.dispose()
+        app.close()
