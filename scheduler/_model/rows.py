@@ -51,6 +51,11 @@ class TaskSpec:
     group: str | None = None
     """The group of a task created at runtime (``put_task``, ``put_tasks(group=...)``): at most
     200 characters; a task of the file has none."""
+    recovery: str = "manual"
+    """After the failure limit disables the row: "manual" (it stays off until ``enable``) or
+    "probe" (a probe runs after each of ``probe_intervals``; the first success re-enables it)."""
+    probe_intervals: tuple[float, ...] = (900.0, 3600.0, 14400.0)
+    """Seconds before each probe (``recovery = "probe"``); the last one repeats."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,12 @@ class TaskRow:
     """Who owns the row: ``file`` (the TOML file, ``sync``) or ``api`` (``put_task``)."""
     group: str | None = None
     """An ``api`` row's group (``put_tasks(group=...)``)."""
+    recovery: str = "manual"
+    """``manual`` or ``probe`` (probes after a disable by the failure limit)."""
+    probe_at: datetime | None = None
+    """While a disabled row is probing: when its next probe runs (None: not probing)."""
+    probes: int = 0
+    """The probes run since the failure limit disabled the row."""
 
 
 @dataclass

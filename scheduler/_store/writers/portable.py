@@ -59,6 +59,7 @@ from .. import Store
 from .. import decisions as _decisions
 from .. import jobs as _jobs
 from .. import locks as _locks
+from .. import probes as _probes
 from .. import retry as _retry
 from ..alerts import Alert, cause, deliver
 from ..driver import CursorEvents, Prepared, PreparedSet, cursor_events
@@ -130,6 +131,9 @@ _RESET_JOB = _jobs.by_id(  # through the primary key on MariaDB/MySQL (see _jobs
         finished_at=None,
     )
 )
+
+RESET_JOB = _RESET_JOB
+"""The rerun in place of an aborted job (a recovery probe's too)."""
 
 # A fresh dispatch's own entry (``dispatched``, no reason, no detail: the tick's hot path) takes
 # its values from the dispatch's parameters: the job's task and slot, the tick's now, the job id.
@@ -314,6 +318,7 @@ def _disable(conn: Connection, row: DueRow, decision: Decision, work: Work) -> D
     )
     assert row.last_job_id is not None  # an aborted last job is what disables a row
     alert = Alert(row.id, row.name, decision.failures, code, row.last_job_id, work.now, alert_id)
+    _probes.arm(conn, row.id, work.now)  # recovery = "probe": its first probe
     _log(conn, row, decision, work)
     return Outcome.DISABLED, lambda after: deliver(after, alert)
 
