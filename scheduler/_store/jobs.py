@@ -858,3 +858,27 @@ def cancel_task_jobs(conn: Connection, name: str, now: datetime) -> int:
         .values(**_finished(ABORTED, now, CANCELLED))
     )
     return int(ended.rowcount)
+
+
+# The rerun in place of an aborted job: the tick's, and a recovery probe's.
+RERUN_IN_PLACE = by_id(  # through the primary key on MariaDB/MySQL (see by_id)
+    update(jobs)
+    .where(jobs.c.id == bindparam("p_id"), jobs.c.state == ABORTED)
+    .values(
+        state=QUEUED,
+        attempts=0,
+        max_attempts=bindparam("p_max_attempts"),
+        queue=bindparam("p_queue"),
+        handler=bindparam("p_handler"),
+        payload=bindparam("p_payload"),
+        tenant=bindparam("p_tenant"),
+        run_at=bindparam("p_now"),
+        slot=bindparam("p_slot"),
+        traceparent=bindparam("p_traceparent"),
+        last_error_code=None,
+        lease_owner=None,
+        lease_expires_at=None,
+        started_at=None,
+        finished_at=None,
+    )
+)

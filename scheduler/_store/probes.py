@@ -39,6 +39,7 @@ from .._model import probes as _probes
 from .._model.decide import REASON_FAILURES, Logged
 from .._model.rules import IN_FLIGHT, PROBE
 from . import decisions as _decisions
+from . import jobs as _jobs
 from .alerts import Recovered, deliver_recovered
 from .tables import jobs, rows
 
@@ -179,8 +180,6 @@ def _swap(conn: Connection, r: Any, now: datetime, **values: object) -> None:
 
 
 def _probe(conn: Connection, r: Any, now: datetime, job_defaults: JobDefaults) -> None:
-    from .writers.portable import RESET_JOB
-
     row = r
     count = row.probes + 1
     intervals = _probes.decode_intervals(row.probe_intervals)
@@ -188,7 +187,7 @@ def _probe(conn: Connection, r: Any, now: datetime, job_defaults: JobDefaults) -
     _swap(conn, row, now, probes=count, probe_at=following)
     max_attempts, queue = job_defaults(row.handler)
     reset = conn.execute(
-        RESET_JOB,
+        _jobs.RERUN_IN_PLACE,
         {
             "p_id": row.last_job_id,
             "p_max_attempts": max_attempts,

@@ -258,3 +258,68 @@ def test_bad_recovery_keys_fail_with_one_line_naming_file_task_and_key(
             app.sync([TaskSpec("py", "* * * * *", "h", recovery="auto")])
     finally:
         app.close()
+
+
+DIE_IN_RECEIVER = textwrap.dedent(
+    """
+    import os
+    import sys
+    from datetime import datetime
+    from freezegun import freeze_time
+    from scheduler import Scheduler, signals
+    from scheduler._model.handlers import Registry
+
+    def die(sender, **kw):
+        print(kw["alert_id"], flush=True)
+        os._exit(1)  # the recovery is committed; the receivers never finish
+
+    signals.row_recovered.connect(die)
+    with freeze_time(datetime.fromisoformat(sys.argv[2])):
+        app = Scheduler(sys.argv[1], clock="local", registry=Registry())
+        app.tick()
+    """
+)
+
+
+def test_a_recovery_alert_survives_death_after_the_commit(db_url: str, frozen: Any) -> None:
+    app = probing_app(db_url, intervals=(60,))
+    try:
+        disable_by_failures(app, frozen)
+        frozen.tick(timedelta(seconds=60))
+        app.tick()
+        Outage.down = False
+        assert app.work() == 1
+        now = datetime.now(UTC) + timedelta(seconds=1)
+        done = subprocess.run(
+            [sys.executable, "-c", DIE_IN_RECEIVER, db_url, now.isoformat()],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 1, done.stderr
+        seen_by_the_dead = done.stdout.strip()
+        assert row_of(app).enabled and row_of(app).recovery_alert is not None
+        with capture_signals(signals.row_recovered) as records:
+            frozen.tick(timedelta(minutes=2))
+            assert app.deliver_pending_alerts(older_than=30) == 1
+            assert app.deliver_pending_alerts(older_than=0) == 0  # delivered: not again
+    finally:
+        app.close()
+    assert [r.kwargs["alert_id"] for r in records] == [seen_by_the_dead]
+    assert records[0].kwargs["probes"] == 1 and records[0].kwargs["disabled_seconds"] == 61
+
+
+def test_put_task_takes_recovery_and_probe_intervals(db_url: str) -> None:
+    app = Scheduler(db_url, registry=Registry())
+    try:
+        spec = TaskSpec("api", "0 * * * *", "h", recovery="probe", probe_intervals=(30, 120.5))
+        app.put_task(spec)
+        with app.store.read() as conn:
+            found = conn.execute(
+                select(rows.c.recovery, rows.c.probe_intervals).where(rows.c.name == "api")
+            ).one()
+        assert tuple(found) == ("probe", "[30,120.5]")
+        assert app.put_task(spec).action == "unchanged"  # stored as given: nothing to write
+        assert app.rows()[0].recovery == "probe"
+    finally:
+        app.close()

@@ -54,7 +54,6 @@ from ... import signals
 from ..._model.decide import Action, Decision, Entry, Logged
 from ..._model.report import Outcome
 from ..._model.rows import DueRow
-from ..._model.rules import JobState
 from .. import Store
 from .. import decisions as _decisions
 from .. import jobs as _jobs
@@ -110,30 +109,7 @@ def _point_row(_dialect: str) -> Update:
 
 
 _POINT_ROW = PreparedSet(_point_row, Prepared)
-_RESET_JOB = _jobs.by_id(  # through the primary key on MariaDB/MySQL (see _jobs.by_id)
-    update(jobs)
-    .where(jobs.c.id == _P("p_id"), jobs.c.state == JobState.ABORTED)
-    .values(
-        state=JobState.QUEUED,
-        attempts=0,
-        max_attempts=_P("p_max_attempts"),
-        queue=_P("p_queue"),
-        handler=_P("p_handler"),
-        payload=_P("p_payload"),
-        tenant=_P("p_tenant"),
-        run_at=_P("p_now"),
-        slot=_P("p_slot"),
-        traceparent=_P("p_traceparent"),
-        last_error_code=None,
-        lease_owner=None,
-        lease_expires_at=None,
-        started_at=None,
-        finished_at=None,
-    )
-)
-
-RESET_JOB = _RESET_JOB
-"""The rerun in place of an aborted job (a recovery probe's too)."""
+_RESET_JOB = _jobs.RERUN_IN_PLACE
 
 # A fresh dispatch's own entry (``dispatched``, no reason, no detail: the tick's hot path) takes
 # its values from the dispatch's parameters: the job's task and slot, the tick's now, the job id.
