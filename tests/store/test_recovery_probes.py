@@ -323,3 +323,26 @@ def test_put_task_takes_recovery_and_probe_intervals(db_url: str) -> None:
         assert app.rows()[0].recovery == "probe"
     finally:
         app.close()
+
+
+def test_status_explain_and_the_dashboard_show_the_next_probe(db_url: str, frozen: Any) -> None:
+    from helpers.dashboard_client import client
+
+    app = probing_app(db_url)
+    try:
+        disable_by_failures(app, frozen)
+        probe_at = datetime.now(UTC) + timedelta(seconds=900)
+        shown = f"{probe_at:%Y-%m-%d %H:%M:%S}"
+        [status] = app.status()["rows"]
+        assert status["probe_at"].startswith(probe_at.isoformat()[:19])
+        explained = app.explain(ROW)
+        assert explained["state"].startswith("disabled, probing: next probe at"), explained
+        assert shown in explained["state"] or shown[11:] in explained["state"]
+        assert explained["policies"]["recovery"] == "probe"
+        c = client(app)
+        listing = c.get("/tasks").text
+        assert "disabled, probing: next probe at" in listing
+        page = c.get(f"/tasks/{ROW}").text
+        assert "disabled, probing: next probe at" in page
+    finally:
+        app.close()
