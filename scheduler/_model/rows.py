@@ -30,7 +30,7 @@ class TaskSpec:
     max_consecutive_failures: int | None = None  # None: use [scheduler]'s; 0 = unlimited
     enabled: bool = True
     overlap: str = "hold"
-    """While the last job is in flight: "hold" (the default), "skip" or "allow".
+    """While the last job is in flight: "hold" (the default), "skip", "allow" or "replace".
     ``concurrent=True`` is its alias: it makes the default "allow" (and another value beside
     it is refused by ``sync``, as in the file); None is taken as the default."""
     catchup_window: int = 0
@@ -80,7 +80,7 @@ class TaskRow:
     last_error_code: str | None = None
     """The stable error code of the row's last job (None while it has not failed)."""
     overlap: str = "hold"
-    """While the last job is in flight: hold, skip or allow (``concurrent`` is allow)."""
+    """While the last job is in flight: hold, skip, allow or replace (``concurrent`` is allow)."""
     catchup_window: int = 0
     """Seconds a slot may be late before it is missed; 0: unlimited."""
     jitter: int = 0
@@ -173,7 +173,7 @@ class DueRow(NamedTuple):
     job_error: str | None
     """The last job's ``last_error_code``."""
     overlap: str = "hold"
-    """The run policy for a slot while the last job is in flight: hold, skip or allow."""
+    """The run policy for a slot while the last job is in flight: hold, skip, allow or replace."""
     catchup_window: int = 0
     """Seconds a due slot may be late before it is missed instead of run; 0: unlimited."""
     jitter: int = 0

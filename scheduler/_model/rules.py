@@ -149,8 +149,8 @@ def check_tenant(value: object) -> None:
 
 
 # -- run policies --------------------------------------------------------------------------
-HOLD, SKIP, ALLOW = "hold", "skip", "allow"
-OVERLAPS = (HOLD, SKIP, ALLOW)
+HOLD, SKIP, ALLOW, REPLACE = "hold", "skip", "allow", "replace"
+OVERLAPS = (HOLD, SKIP, ALLOW, REPLACE)
 """What a slot does while the task's last job is in flight (``overlap``)."""
 POLICY_SECONDS = ("catchup_window", "jitter")
 """The run policies given in whole seconds, 0 meaning off."""

@@ -185,8 +185,9 @@ rows = Table(
     Column("version", Integer, nullable=False),
     Column("created_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
-    # Run policies (revision 0005): overlap is hold, skip or allow (``concurrent`` is kept in
-    # step: true exactly when overlap is allow); catchup_window and jitter in seconds, 0 = off.
+    # Run policies (revision 0005): overlap is hold, skip, allow or replace (``concurrent`` is
+    # kept in step: true exactly when overlap is allow); catchup_window and jitter in seconds,
+    # 0 = off.
     Column("overlap", String(8), nullable=False, server_default="hold"),
     Column("catchup_window", Integer, nullable=False, server_default="0"),
     Column("jitter", Integer, nullable=False, server_default="0"),

@@ -51,6 +51,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ClauseElement
 
 from ... import signals
+from ..._errors import JobStateError
 from ..._model.decide import Action, Decision, Entry, Logged
 from ..._model.report import Outcome
 from ..._model.rows import DueRow
@@ -409,7 +410,21 @@ def _move_on(conn: Connection, row: DueRow, decision: Decision, work: Work) -> D
     return skipped(row, decision, outcome)
 
 
+def _replace(conn: Connection, row: DueRow, decision: Decision, work: Work) -> Done:
+    """Overlap ``replace``: the slot held back (``held_slot``), its entry, and the in-flight
+    job asked to cancel (a queued one ends at once; a claimed one's worker stops it)."""
+    _swap(conn, row, work, held_slot=decision.slot)
+    if row.last_job_id is not None:
+        try:
+            _jobs.cancel(conn, row.last_job_id, now=work.now)
+        except JobStateError:
+            pass  # it ended meanwhile: the next tick runs the slot
+    _log(conn, row, decision, work)
+    return Outcome.HELD_BACK, None
+
+
 _WRITES = {
+    Action.REPLACE: _replace,
     Action.DISABLE: _disable,
     Action.RERUN: _rerun,
     Action.DISPATCH: _dispatch,
