@@ -122,7 +122,12 @@ def _tick(
         # succeeded.
         if report.disabled:  # perhaps a row that probes: its first probe is to be read
             _probes.soon(store)
-        report.recovered.extend(_probes.sweep(store, conn, now, job_defaults))
+        try:
+            report.recovered.extend(_probes.sweep(store, conn, now, job_defaults))
+        except Exception as exc:  # the due rows are done: a probe waits for the next tick
+            if conn.in_transaction():
+                conn.rollback()
+            log.warning("tick: could not run the recovery probes: %s", exc)
 
 
 def _carry_out(
