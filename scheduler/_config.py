@@ -19,12 +19,16 @@ from ._model.payload import decode_payload, encode_payload, find_credential_key
 from ._model.redact import ERROR_MESSAGES
 from ._model.rows import TaskSpec
 from ._model.rules import (
+    MANUAL,
     MAX_NAME,
     MISSING,
+    PROBE_INTERVALS,
     Keys,
     is_table,
     one_line,
     overlap_problem,
+    probe_intervals_problem,
+    recovery_problem,
     tenant_problem,
 )
 from ._store.settings import (
@@ -315,7 +319,21 @@ def _task(t: Keys, name: str, settings: SchedulerSettings) -> TaskSpec:
         catchup_window=t.integer("catchup_window", 0),
         jitter=t.integer("jitter", 0),
         tenant=tenant,
+        **_recovery(t),
     )
+
+
+def _recovery(t: Keys) -> dict[str, Any]:
+    """The task's ``recovery`` and ``probe_intervals``."""
+    recovery = t.data.get("recovery", MANUAL)
+    problem = recovery_problem(recovery)
+    if problem is not None:
+        raise t.error("recovery", problem)
+    intervals = t.data.get("probe_intervals", PROBE_INTERVALS)
+    problem = probe_intervals_problem(intervals)
+    if problem is not None:
+        raise t.error("probe_intervals", problem)
+    return {"recovery": recovery, "probe_intervals": tuple(float(v) for v in intervals)}
 
 
 def _overlap(t: Keys) -> str | None:
@@ -339,6 +357,8 @@ def _tasks(data: list[Any], path: str, settings: SchedulerSettings) -> tuple[Tas
         "catchup_window": 0,
         "jitter": 0,
         "tenant": None,
+        "recovery": "manual",
+        "probe_intervals": list(PROBE_INTERVALS),
     }
     seen: dict[str, int] = {}
     specs = []

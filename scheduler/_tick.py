@@ -33,6 +33,7 @@ from ._model.rows import DueRow, Position
 from ._model.slots import dst_cases, next_slot, nominal_slot, passed
 from ._observe import tracing as _tracing
 from ._store import Connection, Store
+from ._store import probes as _probes
 from ._store import wakeup as _wakeup
 from ._store.due import due, last_id
 from ._store.writers import Carried, Decided, JobDefaults, Work, Writer, writer_for
@@ -112,10 +113,21 @@ def _tick(
                 jumped = owed = True
             elif len(batch) < batch_size:
                 if not owed:
-                    return
+                    break
                 after, owed = None, False  # back for the rows the jump skipped
             else:
                 after = (batch[-1].next_run_at, batch[-1].id)
+        # The rows disabled by the failure limit that probe (recovery = "probe"): one read of
+        # an index when one may be due, and a write for each one whose probe is due or
+        # succeeded.
+        if report.disabled:  # perhaps a row that probes: its first probe is to be read
+            _probes.soon(store)
+        try:
+            report.recovered.extend(_probes.sweep(store, conn, now, job_defaults))
+        except Exception as exc:  # the due rows are done: a probe waits for the next tick
+            if conn.in_transaction():
+                conn.rollback()
+            log.warning("tick: could not run the recovery probes: %s", exc)
 
 
 def _carry_out(

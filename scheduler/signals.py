@@ -5,8 +5,8 @@ update won. Each receiver is called on its own: one that raises is logged and th
 run. blinker holds receivers by weak reference: connect module-level functions, or pass
 ``weak=False`` (a lambda or closure connected inside a function is collected and never fires).
 
-Senders: the task (row) name for ``row_disabled``, ``job_dispatched``, ``job_rerun`` and
-``slot_skipped``; the handler name for the ``job_*`` outcome signals. Filter with
+Senders: the task (row) name for ``row_disabled``, ``row_recovered``, ``job_dispatched``,
+``job_rerun`` and ``slot_skipped``; the handler name for the ``job_*`` outcome signals. Filter with
 ``connect(fn, sender="name")``.
 """
 
@@ -26,6 +26,12 @@ row_disabled: NamedSignal = _signals.signal(
     doc="A row reached its failure limit and was disabled. kw: row, consecutive_failures,"
     " last_error_code (for an abandoned job: the error behind it, from the run history),"
     " job_id, disabled_at, alert_id (stable: drop repeats by it).",
+)
+row_recovered: NamedSignal = _signals.signal(
+    "row-recovered",
+    doc='A probe of a row the failure limit disabled succeeded (recovery = "probe") and the'
+    " row is enabled again. kw: row, probes (how many ran), disabled_seconds, alert_id (stable:"
+    " drop repeats by it).",
 )
 job_dispatched: NamedSignal = _signals.signal(
     "job-dispatched", doc="The tick created a fresh job for a row. kw: row, job_id, slot."
@@ -64,6 +70,7 @@ __all__ = [
     "job_rerun",
     "job_succeeded",
     "row_disabled",
+    "row_recovered",
     "send",
     "slot_skipped",
 ]

@@ -18,7 +18,9 @@ The rules, in order (docs/explanation/tick.md tells them for users):
 2. The last job is still in flight (``queued`` or ``claimed``) and the row's ``overlap`` is not
    ``allow`` (``concurrent`` is its alias): ``skip`` drops the slot (**skip**, the row moves on);
    ``hold`` **holds back**: ``next_run_at`` stays, so the row fires as soon as the job ends, and
-   only the first tick that holds a slot back writes (the log entry and ``held_slot``).
+   only the first tick that holds a slot back writes (the log entry and ``held_slot``);
+   ``replace`` holds back the same way, its first tick also asking the job to cancel
+   (**replace**): the job ends ``aborted``/``cancelled`` and rule 1 reruns it in place.
 3. Otherwise **dispatch** a fresh job and move to the next slot; the failure count is reset to 0
    when the previous job succeeded or there was none, and kept while a failure streak goes on.
 
@@ -34,7 +36,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from .rows import DueRow
-from .rules import ALLOW, IN_FLIGHT, SKIP, JobState
+from .rules import ALLOW, IN_FLIGHT, REPLACE, SKIP, JobState
 
 
 class Action(StrEnum):
@@ -49,6 +51,10 @@ class Action(StrEnum):
     (only the first hold of a slot writes: its log entry and ``held_slot``)."""
     DISABLE = "disable"
     """Disable the row: too many consecutive failures."""
+    REPLACE = "replace"
+    """The last job is in flight and the row's overlap is ``replace``: ask it to cancel (the
+    cancel of a running job) and hold the slot back, so it runs once the job has stopped (only
+    the first tick that finds the slot writes)."""
     SKIP = "skip"
     """Drop this slot (the last job is in flight, overlap ``skip``) and move to the next one."""
     MISSED = "missed"
@@ -68,6 +74,12 @@ class Logged(StrEnum):
     MISSED = "missed"
     COALESCED = "coalesced"
     DISABLED = "disabled"
+    REPLACED = "replaced"
+    """Overlap ``replace``: the slot asked the in-flight job (named) to cancel, to run after it."""
+    PROBED = "probed"
+    """A row disabled by the failure limit ran a recovery probe (its job rerun in place)."""
+    RECOVERED = "recovered"
+    """A recovery probe succeeded: the row is enabled again."""
     PAUSED = "paused"
     TRIGGERED = "triggered"
     BACKFILLED = "backfilled"
@@ -203,6 +215,12 @@ def decide(
             return _moving(
                 row, now, Action.SKIP, failures, served, REASON_IN_FLIGHT, next_slot, dst, (entry,)
             )
+        if overlap == REPLACE:  # the first tick of the slot asks the job to cancel
+            if row.held_slot == served:
+                return Decision(Action.HOLD_BACK, failures, None, REASON_IN_FLIGHT, served)
+            detail = f"job {row.last_job_id} ({state}) cancelled to run this slot once it stops"
+            entry = Entry(Logged.REPLACED, served, row.last_job_id, REASON_IN_FLIGHT, detail)
+            return Decision(Action.REPLACE, failures, None, REASON_IN_FLIGHT, served, (entry,))
         log: tuple[Entry, ...] = ()
         if row.held_slot != served:  # the first tick to hold this slot back logs it
             log = (Entry(Logged.HELD_BACK, served, row.last_job_id, REASON_IN_FLIGHT, detail),)

@@ -23,6 +23,7 @@ class Ending:
     abandoned: bool = False
     message: str | None = None  # the exception's first line, redacted ([worker] error_messages)
     snoozed: bool = False  # queued again at retry_at, its attempt given back (Snooze)
+    completed: bool = False  # the handler recorded its success itself (job.complete)
 
     @property
     def result(self) -> str:

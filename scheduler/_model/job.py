@@ -33,6 +33,7 @@ class Job:
     traceparent: str | None = None  # the enqueue's span (OpenTelemetry), when traced
     slot: datetime | None = None  # the cron instant a task's job stands for (before jitter)
     tenant: str | None = None  # whose job it is (``enqueue(tenant=...)``, a task's ``tenant``)
+    fence: int = 0  # grows with every claim, takeover and rerun in place of the job
 
     @classmethod
     def from_row(cls, row: Any) -> Job:
@@ -58,6 +59,7 @@ class Job:
             traceparent=m.get("traceparent"),
             slot=m.get("slot"),
             tenant=m.get("tenant"),
+            fence=m.get("fence") or 0,
         )
 
 

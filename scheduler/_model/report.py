@@ -48,6 +48,9 @@ class TickReport:
     """The nominal slot (before jitter) of each row in `dispatched`, in the same order: the
     lateness metric reads them, with no signal receiver per dispatch."""
 
+    recovered: list[str] = field(default_factory=list, compare=False)
+    """The rows a successful recovery probe re-enabled (``recovery = "probe"``)."""
+
     def add(self, outcome: str, name: str) -> None:
         getattr(self, outcome).append(name)
 

@@ -30,7 +30,7 @@ class TaskSpec:
     max_consecutive_failures: int | None = None  # None: use [scheduler]'s; 0 = unlimited
     enabled: bool = True
     overlap: str = "hold"
-    """While the last job is in flight: "hold" (the default), "skip" or "allow".
+    """While the last job is in flight: "hold" (the default), "skip", "allow" or "replace".
     ``concurrent=True`` is its alias: it makes the default "allow" (and another value beside
     it is refused by ``sync``, as in the file); None is taken as the default."""
     catchup_window: int = 0
@@ -51,6 +51,11 @@ class TaskSpec:
     group: str | None = None
     """The group of a task created at runtime (``put_task``, ``put_tasks(group=...)``): at most
     200 characters; a task of the file has none."""
+    recovery: str = "manual"
+    """After the failure limit disables the row: "manual" (it stays off until ``enable``) or
+    "probe" (a probe runs after each of ``probe_intervals``; the first success re-enables it)."""
+    probe_intervals: tuple[float, ...] = (900.0, 3600.0, 14400.0)
+    """Seconds before each probe (``recovery = "probe"``); the last one repeats."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +80,7 @@ class TaskRow:
     last_error_code: str | None = None
     """The stable error code of the row's last job (None while it has not failed)."""
     overlap: str = "hold"
-    """While the last job is in flight: hold, skip or allow (``concurrent`` is allow)."""
+    """While the last job is in flight: hold, skip, allow or replace (``concurrent`` is allow)."""
     catchup_window: int = 0
     """Seconds a slot may be late before it is missed; 0: unlimited."""
     jitter: int = 0
@@ -88,6 +93,12 @@ class TaskRow:
     """Who owns the row: ``file`` (the TOML file, ``sync``) or ``api`` (``put_task``)."""
     group: str | None = None
     """An ``api`` row's group (``put_tasks(group=...)``)."""
+    recovery: str = "manual"
+    """``manual`` or ``probe`` (probes after a disable by the failure limit)."""
+    probe_at: datetime | None = None
+    """While a disabled row is probing: when its next probe runs (None: not probing)."""
+    probes: int = 0
+    """The probes run since the failure limit disabled the row."""
 
 
 @dataclass
@@ -162,7 +173,7 @@ class DueRow(NamedTuple):
     job_error: str | None
     """The last job's ``last_error_code``."""
     overlap: str = "hold"
-    """The run policy for a slot while the last job is in flight: hold, skip or allow."""
+    """The run policy for a slot while the last job is in flight: hold, skip, allow or replace."""
     catchup_window: int = 0
     """Seconds a due slot may be late before it is missed instead of run; 0: unlimited."""
     jitter: int = 0

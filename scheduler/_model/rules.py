@@ -149,8 +149,8 @@ def check_tenant(value: object) -> None:
 
 
 # -- run policies --------------------------------------------------------------------------
-HOLD, SKIP, ALLOW = "hold", "skip", "allow"
-OVERLAPS = (HOLD, SKIP, ALLOW)
+HOLD, SKIP, ALLOW, REPLACE = "hold", "skip", "allow", "replace"
+OVERLAPS = (HOLD, SKIP, ALLOW, REPLACE)
 """What a slot does while the task's last job is in flight (``overlap``)."""
 POLICY_SECONDS = ("catchup_window", "jitter")
 """The run policies given in whole seconds, 0 meaning off."""
@@ -177,6 +177,36 @@ def seconds_problem(value: Any) -> str | None:
     return None
 
 
+MANUAL, PROBE = "manual", "probe"
+RECOVERIES = (MANUAL, PROBE)
+"""What follows a disable by the failure limit (``recovery``): a person's ``enable``, or
+probes that re-enable the row at their first success."""
+PROBE_INTERVALS = (900.0, 3600.0, 14400.0)
+"""The default ``probe_intervals``: seconds before each probe, the last repeating."""
+MAX_PROBE_INTERVALS = 10
+
+
+def recovery_problem(value: Any) -> str | None:
+    """Why ``value`` is not a ``recovery``, or None."""
+    if isinstance(value, str) and value in RECOVERIES:
+        return None
+    shown = repr(value) if isinstance(value, str) else kind_of(value)
+    return f"expected one of {', '.join(map(repr, RECOVERIES))}, got {shown}"
+
+
+def probe_intervals_problem(value: Any) -> str | None:
+    """Why ``value`` is not a non-empty list of positive numbers of seconds, or None."""
+    if not isinstance(value, list | tuple) or not value:
+        return f"expected a non-empty list of positive numbers of seconds, got {kind_of(value)}"
+    if len(value) > MAX_PROBE_INTERVALS:
+        return f"at most {MAX_PROBE_INTERVALS} intervals, got {len(value)}"
+    for index, item in enumerate(value):
+        if not is_number(item) or not math.isfinite(item) or not 0 < item <= INT_MAX:
+            shown = repr(item) if is_number(item) else kind_of(item)
+            return f"item {index}: expected a positive number of seconds, got {shown}"
+    return None
+
+
 def check_policies(task: Any) -> None:
     """The run policies of a task built in Python, checked as the TOML loader checks them:
     a ``ConfigError`` naming the task and the key."""
@@ -187,6 +217,12 @@ def check_policies(task: Any) -> None:
         problem = seconds_problem(getattr(task, key, 0))
         if problem is not None:
             raise ConfigError(f"task {task.name!r}: key {key!r}: {problem}")
+    problem = recovery_problem(getattr(task, "recovery", MANUAL))
+    if problem is not None:
+        raise ConfigError(f"task {task.name!r}: key 'recovery': {problem}")
+    problem = probe_intervals_problem(getattr(task, "probe_intervals", PROBE_INTERVALS))
+    if problem is not None:
+        raise ConfigError(f"task {task.name!r}: key 'probe_intervals': {problem}")
 
 
 # -- health ----------------------------------------------------------------------------

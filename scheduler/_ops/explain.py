@@ -51,6 +51,7 @@ def policies(row: TaskRow, global_limit: int) -> dict[str, Any]:
         "catchup_window": row.catchup_window,
         "jitter": row.jitter,
         "max_consecutive_failures": global_limit if limit is None else limit,
+        "recovery": row.recovery,
         "cron": row.cron,
         "timezone": row.timezone,
         "handler": row.handler,
@@ -83,6 +84,13 @@ def state_sentence(
             if row.disabled_reason == "max_consecutive_failures"
             else ""
         )
+        if row.probe_at is not None and row.recovery == "probe":
+            ran = f"; {row.probes} probe(s) failed so far" if row.probes else ""
+            return "bad", (
+                f"disabled, probing: next probe at {at(row.probe_at)}{ran} (disabled"
+                f" ({why}) since {at(row.disabled_at)}{after}); the first probe that succeeds"
+                f" re-enables it, or `scheduler enable {name}` does now"
+            )
         return ("bad" if after else "off"), (
             f"disabled ({why}) since {at(row.disabled_at)}{after}; slots pass without running"
             f" until `scheduler enable {name}` re-arms it from then"
@@ -204,6 +212,7 @@ def build(found: Read, now: datetime, global_limit: int) -> dict[str, Any]:
         "disabled_reason": row.disabled_reason,
         "disabled_note": found.note,
         "disabled_at": iso(row.disabled_at),
+        "probe_at": iso(row.probe_at) if not row.enabled else None,
         "consecutive_failures": row.consecutive_failures,
         "policies": given,
         "last_job": None

@@ -321,6 +321,7 @@ def _claim_statements(
         "lease_expires_at": _P("p_until"),
         "started_at": _P("p_now"),
         "attempts": jobs.c.attempts + 1,
+        "fence": jobs.c.fence + 1,
     }
     if returning:
         # Materialized, the locking SELECT runs once. As a plain IN-subquery PostgreSQL may plan
@@ -454,7 +455,11 @@ def take_over(
     conn: Connection, job: Job, *, owner: str, now: datetime, lease: timedelta, rerun: bool
 ) -> bool:
     """Take ``job`` from its stopped owner; with ``rerun`` start a new attempt. True if won."""
-    values: dict[str, Any] = {"lease_owner": owner, "lease_expires_at": now + lease}
+    values: dict[str, Any] = {
+        "lease_owner": owner,
+        "lease_expires_at": now + lease,
+        "fence": jobs.c.fence + 1,  # the stopped owner's attempt is fenced
+    }
     if rerun:
         values.update(attempts=jobs.c.attempts + 1, started_at=now)
     return _seize(conn, job, now, values)
@@ -882,3 +887,51 @@ def cancel_task_jobs(conn: Connection, name: str, now: datetime) -> int:
         .values(**_finished(ABORTED, now, CANCELLED))
     )
     return int(ended.rowcount)
+
+
+# The rerun in place of an aborted job: the tick's, and a recovery probe's.
+RERUN_IN_PLACE = by_id(  # through the primary key on MariaDB/MySQL (see by_id)
+    update(jobs)
+    .where(jobs.c.id == bindparam("p_id"), jobs.c.state == ABORTED)
+    .values(
+        state=QUEUED,
+        attempts=0,
+        fence=jobs.c.fence + 1,
+        max_attempts=bindparam("p_max_attempts"),
+        queue=bindparam("p_queue"),
+        handler=bindparam("p_handler"),
+        payload=bindparam("p_payload"),
+        tenant=bindparam("p_tenant"),
+        run_at=bindparam("p_now"),
+        slot=bindparam("p_slot"),
+        traceparent=bindparam("p_traceparent"),
+        last_error_code=None,
+        lease_owner=None,
+        lease_expires_at=None,
+        started_at=None,
+        finished_at=None,
+    )
+)
+
+
+def complete_fenced(
+    conn: Connection, job: Job, *, fence: int, owner: str, now: datetime, started_at: datetime
+) -> bool:
+    """Record ``job``'s success in the caller's transaction (``job.complete``), if the attempt
+    with ``fence`` still holds it; with its run in the history. False: it was fenced."""
+    done = conn.execute(
+        by_id(update(jobs))
+        .where(
+            jobs.c.id == job.id,
+            jobs.c.state == CLAIMED,
+            jobs.c.fence == fence,
+            jobs.c.lease_owner == owner,
+        )
+        .values(**_finished(SUCCEEDED, now, None))
+    )
+    if done.rowcount != 1:
+        return False
+    record_run(
+        conn, job, outcome=SUCCEEDED, error_code=None, now=now, worker=owner, started_at=started_at
+    )
+    return True

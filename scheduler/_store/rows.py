@@ -25,8 +25,10 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 
 from .._errors import ConfigError, SchedulerError, UnknownRow
+from .._model import probes as _probes
 from .._model.payload import decode_payload
 from .._model.rows import CREATED, UPDATED, SyncPlan, TaskChange, TaskRow
+from .._model.rules import MANUAL, PROBE_INTERVALS
 from . import decisions as _decisions
 from . import jobs as _jobs
 from .tables import jobs, rows
@@ -79,6 +81,9 @@ def _view(r: Any) -> TaskRow:
         tenant=m["tenant"],
         source=m["source"],
         group=m["task_group"],
+        recovery=m["recovery"],
+        probe_at=m["probe_at"],
+        probes=m["probes"],
     )
 
 
@@ -159,6 +164,8 @@ def enable(
         disabled_note=None,
         consecutive_failures=0,
         next_run_at=_slots.first_run(row.cron, row.timezone, row.name, now, row.jitter),
+        probe_at=None,
+        probes=0,
     )
     slots, more = _slots.passed_slots(row, row.next_run_at, now)
     reason = row.disabled_reason or REASON_MANUAL
@@ -186,8 +193,15 @@ def disable(
         raise UnknownRow(f"no task named {name!r} (run `scheduler sync`?)")
     if note is None and not row.enabled:
         note = row.disabled_note
-    _write(
-        conn, name, now, enabled=False, disabled_reason=reason, disabled_at=now, disabled_note=note
+    _write(  # a manual disable stops probing
+        conn,
+        name,
+        now,
+        enabled=False,
+        disabled_reason=reason,
+        disabled_at=now,
+        disabled_note=note,
+        probe_at=None,
     )
     if row.enabled:
         slot = row.next_run_at
@@ -221,7 +235,7 @@ _DISABLED_BY = {FILE: REASON_CONFIG, API: REASON_API}
 # The columns a task's definition sets, compared in this order against the stored row.
 _DEFINITION: tuple[str, ...] = ("handler", "payload", "cron", "timezone", "concurrent")
 _DEFINITION += ("max_consecutive_failures", "tenant", "overlap", "catchup_window", "jitter")
-_DEFINITION += ("task_group",)
+_DEFINITION += ("task_group", "recovery", "probe_intervals")
 # A change of one of these moves ``next_run_at``.
 _SCHEDULE = ("cron", "timezone", "jitter")
 # Not next_run_at: converting 100,000 instants costs a re-sync a fifth of its time, and only a
@@ -473,6 +487,8 @@ def apply(
             task.catchup_window,
             task.jitter,
             task_group,
+            getattr(task, "recovery", MANUAL),
+            _probes.encode_intervals(getattr(task, "probe_intervals", PROBE_INTERVALS)),
         )
         current = existing.get(task.name)
         if current is None:
@@ -519,6 +535,8 @@ def apply(
                 disabled_at=None,
                 consecutive_failures=0,
                 next_run_at=None,
+                probe_at=None,
+                probes=0,
             )
         elif not task.enabled and was_enabled:
             changes.update(enabled=False, disabled_reason=disabled_by, disabled_at=now)

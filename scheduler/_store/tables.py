@@ -128,6 +128,9 @@ jobs = Table(
     # An operator asked to cancel the claimed job at this time (revision 0011): its worker
     # stops the attempt (a request older than the attempt's started_at is a past run's).
     Column("cancel_requested_at", UTCDateTime),
+    # The attempt's fence (revision 0013): every claim, takeover and rerun in place bumps it,
+    # so it only grows for the job; an attempt whose fence is no longer the job's is over.
+    Column("fence", Integer, nullable=False, server_default="0"),
     # The claim's scan: lower priority values first (as in Oban), then oldest run_at.
     Index("ix_scheduler_jobs_ready", "state", "queue", "priority", "run_at", "id"),
     # Only jobs with a lease (claimed) or an end (finished) are in these two (revision 0002), so
@@ -182,8 +185,9 @@ rows = Table(
     Column("version", Integer, nullable=False),
     Column("created_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
-    # Run policies (revision 0005): overlap is hold, skip or allow (``concurrent`` is kept in
-    # step: true exactly when overlap is allow); catchup_window and jitter in seconds, 0 = off.
+    # Run policies (revision 0005): overlap is hold, skip, allow or replace (``concurrent`` is
+    # kept in step: true exactly when overlap is allow); catchup_window and jitter in seconds,
+    # 0 = off.
     Column("overlap", String(8), nullable=False, server_default="hold"),
     Column("catchup_window", Integer, nullable=False, server_default="0"),
     Column("jitter", Integer, nullable=False, server_default="0"),
@@ -195,6 +199,14 @@ rows = Table(
     # Who owns the row (revision 0008): "file" (sync) or "api" (put_task); an api row's group.
     Column("source", String(8), nullable=False, server_default="file"),
     Column("task_group", UniqueKey),
+    # Recovery (revision 0013): "manual" or "probe"; the probe intervals (JSON, NULL: the
+    # defaults); while a row disabled by the failure limit probes, when its next probe runs and
+    # how many ran; the row_recovered alert's outbox (JSON), cleared once the receivers ran.
+    Column("recovery", String(8), nullable=False, server_default="manual"),
+    Column("probe_intervals", String(200)),
+    Column("probe_at", UTCDateTime),
+    Column("probes", Integer, nullable=False, server_default="0"),
+    Column("recovery_alert", String(500)),
     # The due query's order, id included (revision 0007): a burst's rows share one
     # next_run_at, and its keyset pagination goes on from (next_run_at, id).
     Index("ix_scheduler_rows_due", "enabled", "next_run_at", "id"),
@@ -202,6 +214,8 @@ rows = Table(
     Index("ix_scheduler_rows_source", "source", "name"),
     Index("ix_scheduler_rows_group", "task_group", "name"),
     Index("ix_scheduler_rows_tenant", "tenant", "name"),
+    # The probing rows, found by the tick (revision 0013).
+    Index("ix_scheduler_rows_probe", "probe_at"),
 )
 
 decisions = Table(

@@ -114,9 +114,16 @@ class RunningJob:
     """What a handler receives: the job's ``id``, ``handler``, ``payload``, ``attempt`` (from
     1), ``max_attempts``, ``task_name``, ``queue``, ``tenant`` and ``slot`` (the nominal cron
     instant, aware UTC, of a task's job, a backfilled one included; ``None`` for an enqueued
-    job), :meth:`heartbeat`, :attr:`cancel_requested` and :meth:`check`."""
+    job), ``fence`` (an integer that grows with every attempt, takeover and rerun in place of
+    the job), :meth:`heartbeat`, :attr:`cancel_requested`, :meth:`check` and :meth:`complete`."""
 
-    def __init__(self, job: Job, runner: Runner, stop: Stop | None = None) -> None:
+    def __init__(
+        self,
+        job: Job,
+        runner: Runner,
+        stop: Stop | None = None,
+        started: datetime | None = None,
+    ) -> None:
         self.id: int = job.id
         self.handler: str = job.handler
         self.payload: dict[str, Any] = job.payload
@@ -126,8 +133,33 @@ class RunningJob:
         self.queue: str = job.queue
         self.tenant: str | None = job.tenant
         self.slot: datetime | None = job.slot
+        self.fence: int = job.fence
+        self._job = job
         self._runner = runner
         self._stop = stop
+        self._started = started
+        self.completed = False
+
+    def complete(self, *, connection: Any) -> None:
+        """Record this attempt's success in ``connection``'s transaction (a SQLAlchemy
+        ``Connection`` on the scheduler's database): the handler's writes in it and the job's
+        outcome commit together or not at all, and the worker records nothing more for the
+        attempt. Raises :class:`LeaseLost` once the attempt was fenced (taken over, stopped
+        after its timeout or cancel, or its job rerun): nothing is written then."""
+        if self._stop is not None and self._stop.fenced:
+            raise LeaseLost()
+        runner = self._runner
+        now = runner.clock()
+        if not _jobs.complete_fenced(
+            connection,
+            self._job,
+            fence=self.fence,
+            owner=runner.owner,
+            now=now,
+            started_at=self._started or now,
+        ):
+            raise LeaseLost()
+        self.completed = True
 
     @property
     def cancel_requested(self) -> bool:
@@ -208,7 +240,7 @@ class Runner:
             if handler is not None and not handler.retry_safe:
                 won = self._seize(job, "abandoning", self._take_over(job, now, rerun=False))
                 if won:
-                    taken = dataclasses.replace(job, lease_owner=self.owner)
+                    taken = dataclasses.replace(job, lease_owner=self.owner, fence=job.fence + 1)
                     self.record([self.abandon(taken, handler, "lease_expired", now)])
             elif job.attempts >= job.max_attempts:
                 if self._seize(
@@ -231,6 +263,7 @@ class Runner:
                     dataclasses.replace(
                         job,
                         attempts=job.attempts + 1,
+                        fence=job.fence + 1,
                         lease_owner=self.owner,
                         lease_expires_at=now + self.lease,
                     )
@@ -355,7 +388,7 @@ class Runner:
         if handler.is_async:
             outcome: Ending = self.run_coroutine(self.execute_async(job, stop))
             return outcome
-        running = RunningJob(job, self, stop)
+        running = RunningJob(job, self, stop, started)
         token = _CURRENT.set(running)
         try:
             with contextlib.ExitStack() as stack:
@@ -377,7 +410,7 @@ class Runner:
             return self._explained(self._failed(job, handler, exc, started), exc)
         finally:
             _CURRENT.reset(token)
-        return Ending(job, started, SUCCEEDED, None)
+        return Ending(job, started, SUCCEEDED, None, completed=running.completed)
 
     async def execute_async(self, job: Job, stop: Stop | None = None) -> Ending:
         """:meth:`execute` on the running event loop: an ``async def`` handler is awaited (a
@@ -390,7 +423,7 @@ class Runner:
         if not handler.is_async:
             outcome: Ending = await asyncio.to_thread(self.execute, job, stop)
             return outcome
-        running = RunningJob(job, self, stop)
+        running = RunningJob(job, self, stop, started)
         token = _CURRENT.set(running)
         try:
             async with contextlib.AsyncExitStack() as stack:
@@ -420,7 +453,7 @@ class Runner:
             return self._explained(await self._failed_async(job, handler, exc, started), exc)
         finally:
             _CURRENT.reset(token)
-        return Ending(job, started, SUCCEEDED, None)
+        return Ending(job, started, SUCCEEDED, None, completed=running.completed)
 
     # -- the tenant's context -------------------------------------------------------------
     def _tenant_context(self, job: Job) -> Any:
@@ -692,7 +725,9 @@ class Runner:
         committed: list[tuple[Job, str]] = []
         for outcome, view in zip(outcomes, views, strict=True):
             job = outcome.job
-            if view is None:
+            if view is None and outcome.completed:  # job.complete() committed it
+                view = dataclasses.replace(job, state=SUCCEEDED, lease_owner=None)
+            elif view is None:
                 log.warning(
                     "job %s: lease lost before it finished; its result is discarded",
                     job.id,

@@ -92,6 +92,9 @@ def table_row(row: dict[str, Any]) -> list[str]:
     failures, why = str(row["consecutive_failures"]), row["disabled_reason"] or ""
     if row.get("disabled_note"):
         why = f"{why}: {row['disabled_note']}"
+    if row.get("probe_at"):
+        probe = datetime.fromisoformat(row["probe_at"])
+        why = f"disabled, probing: next probe at {probe:%Y-%m-%d %H:%M:%S}Z ({why})"
     state = row["last_job_state"] or "-"
     if row["last_job_state"] and row["last_job_id"] is None:  # its jobs are backfilled ones
         state = f"{state} (backfill)"

@@ -108,7 +108,9 @@ def _payload(text: str, name: str) -> dict[str, Any]:
 @click.option("--payload", metavar="JSON", help="Its payload, a JSON object.")
 @click.option("--tenant", metavar="T", help="Whose task it is.")
 @click.option("--group", metavar="G", help="Its group.")
-@click.option("--overlap", type=click.Choice(["hold", "skip", "allow"]), help="Its overlap policy.")
+@click.option(
+    "--overlap", type=click.Choice(["hold", "skip", "allow", "replace"]), help="Its overlap policy."
+)
 @click.option("--enabled/--disabled", default=None, help="Enable or disable it.")
 @click.option("--dry-run", is_flag=True, help="Show the change and its fires; write nothing.")
 @audited

@@ -48,7 +48,7 @@ FIELDS = (
     "max_consecutive_failures",
     "enabled",
 )
-OVERLAPS = ("hold", "skip", "allow")
+OVERLAPS = ("hold", "skip", "allow", "replace")
 _KEY = re.compile(r"key '(\w+)'")
 
 

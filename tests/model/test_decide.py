@@ -320,3 +320,19 @@ def test_the_policies_over_any_row(
         coalesced = [e for e in d.log if e.decision is Logged.COALESCED]
         assert len(coalesced) == (1 if merged and d.action in (DISPATCH, RERUN) else 0)
     assert d.slot == due_row.next_run_at
+
+
+@pytest.mark.parametrize("state", [Q, C])
+def test_overlap_replace_asks_the_in_flight_job_to_cancel_once_per_slot(state: str) -> None:
+    replacing = row(state)._replace(overlap="replace")
+    first = decide(replacing, NOW, max_consecutive_failures=3, next_slot=no_slot)
+    assert first.action is Action.REPLACE and first.next_run_at is None  # held until it stops
+    [entry] = first.log
+    assert (entry.decision, entry.job_id) == (Logged.REPLACED, 41)
+    assert entry.detail == f"job 41 ({state}) cancelled to run this slot once it stops"
+    again = replacing._replace(held_slot=replacing.next_run_at)
+    later = decide(again, NOW, max_consecutive_failures=3, next_slot=no_slot)
+    assert later.action is Action.HOLD_BACK and not later.writes  # asked already
+    stopped = replacing._replace(job_state=A, job_error="cancelled")
+    after = decide(stopped, NOW, max_consecutive_failures=3, next_slot=fixed_slot)
+    assert after.action is Action.RERUN and after.failures == 0  # runs; not a failure

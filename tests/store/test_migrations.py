@@ -385,9 +385,8 @@ def _job_rows(app: Scheduler) -> list[tuple[Any, ...]]:
 
     from scheduler._store.tables import jobs
 
-    before_0004 = [
-        c for c in jobs.c if c.name not in ("traceparent", "slot", "tenant", "cancel_requested_at")
-    ]  # 0001-0003
+    later = ("traceparent", "slot", "tenant", "cancel_requested_at", "fence")
+    before_0004 = [c for c in jobs.c if c.name not in later]  # 0001-0003
     with app.store.read() as conn:
         return [tuple(r) for r in conn.execute(select(*before_0004).order_by(jobs.c.id))]
 

@@ -948,7 +948,9 @@ _COMMON = {
     "complete (success)": (2, 1),  # guarded UPDATE, history INSERT
     "fail (retry later)": (2, 1),
     "work(), nothing ready": (2, 2),  # expired-lease SELECT, claim
-    "tick, idle, first of the process": (3, 2),  # due-row SELECT; record: UPDATE, INSERT
+    # due-row SELECT; the probing rows' SELECT (recovery probes: once, then only when one is
+    # due, running or a minute passed); record: UPDATE, INSERT
+    "tick, idle, first of the process": (4, 3),
     "tick, idle": (1, 1),  # due-row SELECT (the record waits TICK_RECORD_SECONDS)
     "tick, idle, 5 s later": (2, 2),  # due-row SELECT; the record's UPDATE
     # due-row SELECT; INSERT job + row compare-and-swap + its decision-log entry

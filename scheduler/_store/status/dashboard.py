@@ -71,6 +71,7 @@ def tasks(
             rows.c.disabled_reason,
             rows.c.disabled_at,
             rows.c.disabled_note,
+            rows.c.probe_at,
             jobs.c.state.label("last_job_state"),
             jobs.c.last_error_code.label("last_error_code"),
         )

@@ -172,6 +172,9 @@ def _row(row: TaskRow, backfilled: str | None = None) -> dict[str, Any]:
         "handler": row.handler,
         "last_job_id": row.last_job_id,
         "disabled_at": iso(row.disabled_at),
+        # recovery = "probe": when a disabled row's next probe runs (None: not probing)
+        "probe_at": iso(row.probe_at) if not row.enabled else None,
+        "probes": row.probes,
         "overlap": row.overlap,  # the run policies (docs/reference/toml.md)
         "catchup_window": row.catchup_window,
         "jitter": row.jitter,

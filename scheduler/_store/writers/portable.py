@@ -51,14 +51,15 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ClauseElement
 
 from ... import signals
+from ..._errors import JobStateError
 from ..._model.decide import Action, Decision, Entry, Logged
 from ..._model.report import Outcome
 from ..._model.rows import DueRow
-from ..._model.rules import JobState
 from .. import Store
 from .. import decisions as _decisions
 from .. import jobs as _jobs
 from .. import locks as _locks
+from .. import probes as _probes
 from .. import retry as _retry
 from ..alerts import Alert, cause, deliver
 from ..driver import CursorEvents, Prepared, PreparedSet, cursor_events
@@ -109,27 +110,7 @@ def _point_row(_dialect: str) -> Update:
 
 
 _POINT_ROW = PreparedSet(_point_row, Prepared)
-_RESET_JOB = _jobs.by_id(  # through the primary key on MariaDB/MySQL (see _jobs.by_id)
-    update(jobs)
-    .where(jobs.c.id == _P("p_id"), jobs.c.state == JobState.ABORTED)
-    .values(
-        state=JobState.QUEUED,
-        attempts=0,
-        max_attempts=_P("p_max_attempts"),
-        queue=_P("p_queue"),
-        handler=_P("p_handler"),
-        payload=_P("p_payload"),
-        tenant=_P("p_tenant"),
-        run_at=_P("p_now"),
-        slot=_P("p_slot"),
-        traceparent=_P("p_traceparent"),
-        last_error_code=None,
-        lease_owner=None,
-        lease_expires_at=None,
-        started_at=None,
-        finished_at=None,
-    )
-)
+_RESET_JOB = _jobs.RERUN_IN_PLACE
 
 # A fresh dispatch's own entry (``dispatched``, no reason, no detail: the tick's hot path) takes
 # its values from the dispatch's parameters: the job's task and slot, the tick's now, the job id.
@@ -314,6 +295,7 @@ def _disable(conn: Connection, row: DueRow, decision: Decision, work: Work) -> D
     )
     assert row.last_job_id is not None  # an aborted last job is what disables a row
     alert = Alert(row.id, row.name, decision.failures, code, row.last_job_id, work.now, alert_id)
+    _probes.arm(conn, row.id, work.now)  # recovery = "probe": its first probe
     _log(conn, row, decision, work)
     return Outcome.DISABLED, lambda after: deliver(after, alert)
 
@@ -428,7 +410,21 @@ def _move_on(conn: Connection, row: DueRow, decision: Decision, work: Work) -> D
     return skipped(row, decision, outcome)
 
 
+def _replace(conn: Connection, row: DueRow, decision: Decision, work: Work) -> Done:
+    """Overlap ``replace``: the slot held back (``held_slot``), its entry, and the in-flight
+    job asked to cancel (a queued one ends at once; a claimed one's worker stops it)."""
+    _swap(conn, row, work, held_slot=decision.slot)
+    if row.last_job_id is not None:
+        try:
+            _jobs.cancel(conn, row.last_job_id, now=work.now)
+        except JobStateError:
+            pass  # it ended meanwhile: the next tick runs the slot
+    _log(conn, row, decision, work)
+    return Outcome.HELD_BACK, None
+
+
 _WRITES = {
+    Action.REPLACE: _replace,
     Action.DISABLE: _disable,
     Action.RERUN: _rerun,
     Action.DISPATCH: _dispatch,
