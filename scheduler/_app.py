@@ -30,6 +30,7 @@ from ._model import rules as _rules
 from ._model.defaults import BACKFILL_MAX
 from ._model.handlers import AbandonedHook, F, Registry, TenantContext
 from ._model.job import Job, RecordedHook
+from ._model.limits import Limit, LimitSet, check_limits
 from ._model.rows import UNCHANGED, SyncPlan, TaskChange, TaskRow, TaskSpec
 from ._model.time import Clock, as_utc, iso
 from ._store import Engine, Store, make_engine
@@ -131,6 +132,7 @@ class Scheduler:
         database: DatabaseSettings | None = None,
         broker: BrokerSettings | None = None,
         broker_url: str | None = None,
+        limits: Iterable[Limit] = (),
         **overrides: Any,
     ) -> None:
         if engine is None and database_url is None:
@@ -154,6 +156,12 @@ class Scheduler:
         self.worker_settings = worker
         self.metrics_settings = metrics or MetricsSettings()
         self.tasks = tuple(tasks)
+        #: The limits every worker shares (``[[limits]]``); see :meth:`limit_set`.
+        self.limits: tuple[Limit, ...] = tuple(limits)
+        for limit in self.limits:
+            if not isinstance(limit, Limit):
+                raise TypeError(f"Scheduler(limits=...) takes Limit objects, got {limit!r}")
+        check_limits(self.limits, {}, config_path or "")
         self.config_path = config_path
         self.database_source = database_source  # where the URL came from, for messages
         if engine is None:
@@ -218,6 +226,7 @@ class Scheduler:
             database_source=config.database_source,
             database=config.database,
             broker=config.broker,
+            limits=config.limits,
             **kwargs,
         )
         app.dashboard_settings = config.dashboard
@@ -233,8 +242,12 @@ class Scheduler:
         abandoned: AbandonedHook | None = None,
         queue: str = "default",
         timeout: float | None = None,
+        limits: Iterable[str] = (),
     ) -> Callable[[F], F]:
         """Register the decorated callable as the handler called ``name``.
+
+        ``limits``: the names of limits (``Scheduler(limits=...)``, ``[[limits]]``) its jobs
+        are under, beside those that name the handler or its queue themselves.
 
         ``timeout``: seconds one attempt may run (None or 0: no limit). At the limit a worker
         asks the attempt to stop (an ``async def`` handler is cancelled; a sync one sees
@@ -247,7 +260,19 @@ class Scheduler:
             abandoned=abandoned,
             queue=queue,
             timeout=timeout,
+            limits=limits,
         )
+
+    def limit_set(self) -> LimitSet:
+        """The limits with the handlers registered naming them, checked together: a handler
+        naming an unknown limit, or a limit that covers nothing, raises ConfigError."""
+        named = {
+            name: handler.limits
+            for name in self.registry.names()
+            if (handler := self.registry.get(name)) is not None and handler.limits
+        }
+        check_limits(self.limits, named, self.config_path or "")
+        return LimitSet(self.limits, named)
 
     def tenant_context(self, factory: TenantContext) -> TenantContext:
         """Register ``factory``, ``(tenant) -> context manager`` (sync, or async for ``async
@@ -1100,6 +1125,7 @@ class Scheduler:
             coroutine_runner=self._run_coroutine,
             recorded=self.recorded_hooks,
             error_messages=w.error_messages,
+            limits=self.limit_set(),
         )
 
     def _run_coroutine(self, coro: Coroutine[Any, Any, _T]) -> _T:

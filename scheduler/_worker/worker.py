@@ -329,7 +329,8 @@ class Worker:
                     self._log_error("worker loop", exc, wait)
                     self._wake.wait(wait)
                     continue
-                self._wake.wait(POLL_SECONDS)
+                if self._wake.wait(POLL_SECONDS):
+                    self.runner.poke_limits()  # a wake-up or a finished job: look under limits
         finally:
             self._tick_stop.set()
             ticker.join()
@@ -357,6 +358,7 @@ class Worker:
         self._tick()
         while not self._stopping and self.concurrency > 0:  # 0: tick only, run no jobs
             self._wake.clear()
+            self.runner.poke_limits()
             submitted = self._fill(pool)
             with self._lock:
                 # Done only when a fill looked and found nothing: short jobs can finish (and
