@@ -33,12 +33,13 @@ from ._model.job import Job, RecordedHook
 from ._model.limits import Limit, LimitSet, check_limits
 from ._model.rows import UNCHANGED, SyncPlan, TaskChange, TaskRow, TaskSpec
 from ._model.time import Clock, as_utc, iso
-from ._store import Engine, Store, make_engine
+from ._store import Connection, Engine, Store, make_engine
 from ._store import audit as _audit
 from ._store import clock as _clock
 from ._store import decisions as _decisions
 from ._store import handlers as _handlers
 from ._store import jobs as _jobs
+from ._store import limits as _limits
 from ._store import migrate as _migrate
 from ._store import rows as _rows
 from ._store import wakeup as _wakeup
@@ -161,7 +162,7 @@ class Scheduler:
         for limit in self.limits:
             if not isinstance(limit, Limit):
                 raise TypeError(f"Scheduler(limits=...) takes Limit objects, got {limit!r}")
-        check_limits(self.limits, {}, config_path or "")
+        check_limits(self.limits, {}, config_path or "", complete=False)
         self.config_path = config_path
         self.database_source = database_source  # where the URL came from, for messages
         if engine is None:
@@ -263,16 +264,31 @@ class Scheduler:
             limits=limits,
         )
 
-    def limit_set(self) -> LimitSet:
-        """The limits with the handlers registered naming them, checked together: a handler
-        naming an unknown limit, or a limit that covers nothing, raises ConfigError."""
+    def limit_set(self, *, check: bool = True) -> LimitSet:
+        """The limits with the handlers registered naming them, checked together (``check``):
+        a handler naming an unknown limit, or a limit that covers nothing, raises
+        ConfigError. Unchecked for the reads (``job ID`` in a process that imports no
+        handlers sees the file's limits only)."""
         named = {
             name: handler.limits
             for name in self.registry.names()
             if (handler := self.registry.get(name)) is not None and handler.limits
         }
-        check_limits(self.limits, named, self.config_path or "")
+        if check:
+            check_limits(self.limits, named, self.config_path or "")
         return LimitSet(self.limits, named)
+
+    def with_waiting(self, conn: Connection, found: list[Job]) -> list[Job]:
+        """``found`` with the ``waiting_for`` of the ready jobs a limit holds back."""
+        if not self.limits:
+            return found
+        sentences = _limits.waiting_for(conn, self.limit_set(check=False), found, self.clock())
+        if not sentences:
+            return found
+        return [
+            dataclasses.replace(job, waiting_for=sentences[job.id]) if job.id in sentences else job
+            for job in found
+        ]
 
     def tenant_context(self, factory: TenantContext) -> TenantContext:
         """Register ``factory``, ``(tenant) -> context manager`` (sync, or async for ``async
@@ -910,8 +926,11 @@ class Scheduler:
             raise type(exc)(f"{where}: {exc}") from None
 
     def get_job(self, job_id: int) -> Job | None:
+        """The job's view; a ready job a limit holds back says what it waits for
+        (``waiting_for``)."""
         with self.store.read() as conn:
-            return _jobs.get_job(conn, job_id)
+            job = _jobs.get_job(conn, job_id)
+            return None if job is None else self.with_waiting(conn, [job])[0]
 
     def history(self, job_id: int) -> list[dict[str, Any]]:
         """Every finished attempt of a job, oldest first. Raises
@@ -1027,7 +1046,7 @@ class Scheduler:
             )
             if not found and task is not None:
                 _known_task(conn, task)
-            return found
+            return self.with_waiting(conn, found)
 
     def backfill(
         self,

@@ -33,6 +33,9 @@ class Job:
     traceparent: str | None = None  # the enqueue's span (OpenTelemetry), when traced
     slot: datetime | None = None  # the cron instant a task's job stands for (before jitter)
     tenant: str | None = None  # whose job it is (``enqueue(tenant=...)``, a task's ``tenant``)
+    #: A ready ``queued`` job a limit holds back: what it waits for ("limit crm-api: 10 of
+    #: 10 running"); None otherwise (and in the jobs a worker claims).
+    waiting_for: str | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> Job:

@@ -193,10 +193,15 @@ def parse_limits(items: object, path: str) -> tuple[Limit, ...]:
 
 
 def check_limits(
-    limits: Sequence[Limit], named: Mapping[str, Sequence[str]], where: str = ""
+    limits: Sequence[Limit],
+    named: Mapping[str, Sequence[str]],
+    where: str = "",
+    *,
+    complete: bool = True,
 ) -> None:
     """The limits of one application together: no two with one name, every limit a handler
-    names (``named``: handler -> its ``limits``) exists, and every limit covers something."""
+    names (``named``: handler -> its ``limits``) exists, and (``complete``: every handler is
+    registered) every limit covers something."""
     prefix = f"{where}: " if where else ""
     seen: set[str] = set()
     for limit in limits:
@@ -213,7 +218,7 @@ def check_limits(
                     )
                 )
     covered = {name for names in named.values() for name in names}
-    for limit in limits:
+    for limit in limits if complete else ():
         if not limit.handlers and not limit.queues and limit.name not in covered:
             raise ConfigError(
                 f"{prefix}limit {limit.name!r}: key 'handlers': the limit names no handler"

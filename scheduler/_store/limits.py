@@ -165,7 +165,8 @@ def claim(
     exclude: bool = False,
 ) -> tuple[list[Job], int]:
     """Claim up to ``want`` ready jobs under limits, for ``owner`` (module docstring); returns
-    them, and how many ready jobs the limits held back among those looked at."""
+    them, and how many times a limit held back a job it looked at, or had no room at all (a
+    reason to look again soon)."""
     chosen = sorted(limitset.limits, key=lambda limit: limit.name)
     for limit in chosen:  # 1. take turns (the transaction's first statements)
         conn.execute(
@@ -193,6 +194,7 @@ def claim(
             ready.append(jobs.c.id.not_in(list(taken)))
         if limit.per is None:
             if counts.room(limit, "") <= 0:
+                held += 1  # full: room may come at any moment (an outcome, the window)
                 continue
         else:
             full = sorted(
@@ -200,6 +202,8 @@ def claim(
                 for (name, p) in {**counts.running, **counts.started}
                 if name == limit.name and counts.room(limit, p) <= 0
             )
+            if full:
+                held += 1
             if full and len(full) <= _MAX_EXCLUDED:
                 ready.append(part.not_in(full))
         space = want - len(taken)
@@ -266,18 +270,25 @@ def _rotation(
     rotation: the partitions after the one served last, then from the start again."""
     cursor = conn.execute(select(limits.c.cursor).where(limits.c.name == limit.name)).scalar()
     label = part.label("part")
-    grouped = select(label, func.min(jobs.c.id).label("id")).where(*ready).group_by(part)
+
+    def first_of_each(*where: Any, limit: int) -> list[tuple[str, int]]:
+        # The partition's condition is the WHERE's (MariaDB's HAVING cannot name the
+        # grouped expression again): the same rows, filtered before they are grouped.
+        grouped = (
+            select(label, func.min(jobs.c.id).label("id"))
+            .where(*ready, *where)
+            .group_by(part)
+            .order_by(part)
+            .limit(limit)
+        )
+        return [(str(p), int(i)) for p, i in conn.execute(grouped)]
+
     picked: list[tuple[str, int]] = []
     if cursor is not None:
-        after = grouped.having(part > cursor).order_by(part).limit(space)
-        picked = [(str(p), int(i)) for p, i in conn.execute(after)]
+        picked = first_of_each(part > cursor, limit=space)
     if len(picked) < space:
         seen = [p for p, _ in picked]
-        again = grouped
-        if seen:
-            again = again.having(part.not_in(seen))
-        again = again.order_by(part).limit(space - len(picked))
-        picked += [(str(p), int(i)) for p, i in conn.execute(again)]
+        picked += first_of_each(*([part.not_in(seen)] if seen else []), limit=space - len(picked))
     if not picked:
         return []
     order = {job_id: index for index, (_, job_id) in enumerate(picked)}
@@ -336,23 +347,35 @@ def prune(conn: Connection, limitset: LimitSet, now: datetime) -> int:
     return deleted
 
 
-def waiting_for(conn: Connection, limitset: LimitSet, job: Job, now: datetime) -> str | None:
-    """What a ready ``queued`` job waits for ("limit crm-api: 10 of 10 running"), or None."""
-    if job.state != QUEUED or job.run_at > now:
-        return None
-    under = limitset.of(job.handler, job.queue)
-    if not under:
-        return None
-    counts = count(conn, under, now)
-    for limit in under:
-        part = partition_of(
-            limit, tenant=job.tenant, handler=job.handler, queue=job.queue, payload=job.payload
-        )
-        key = (limit.name, part)
-        sentence = waiting_sentence(limit, counts.running.get(key, 0), counts.started.get(key, 0))
-        if sentence is not None:
-            return sentence
-    return None
+def waiting_for(
+    conn: Connection, limitset: LimitSet, found: Sequence[Job], now: datetime
+) -> dict[int, str]:
+    """What each ready ``queued`` job of ``found`` that a limit holds waits for ("limit
+    crm-api: 10 of 10 running"), by job id; the others are left out. One count for all."""
+    ready = [
+        (job, under)
+        for job in found
+        if job.state == QUEUED
+        and job.run_at <= now
+        and (under := limitset.of(job.handler, job.queue))
+    ]
+    if not ready:
+        return {}
+    chosen = {limit.name: limit for _, under in ready for limit in under}
+    counts = count(conn, list(chosen.values()), now)
+    sentences: dict[int, str] = {}
+    for job, under in ready:
+        for limit in under:
+            part = partition_of(
+                limit, tenant=job.tenant, handler=job.handler, queue=job.queue, payload=job.payload
+            )
+            key = (limit.name, part)
+            running, started = counts.running.get(key, 0), counts.started.get(key, 0)
+            sentence = waiting_sentence(limit, running, started)
+            if sentence is not None:
+                sentences[job.id] = sentence
+                break
+    return sentences
 
 
 def gauges(conn: Connection, limitset: LimitSet, now: datetime) -> dict[str, tuple[int, int]]:
