@@ -29,7 +29,10 @@ from datetime import datetime
 from sqlalchemy import create_engine, text
 from scheduler import default_registry
 
-_engine = create_engine(os.environ["LIMITS_TEST_URL"], pool_size=4)
+_url = os.environ["LIMITS_TEST_URL"]
+# Through PgBouncer (transaction pooling) psycopg must not prepare statements.
+_args = {"prepare_threshold": None} if _url.startswith("postgresql") else {}
+_engine = create_engine(_url, connect_args=_args)
 _counter = os.environ["LIMITS_TEST_TABLE"]
 _out = pathlib.Path(os.environ["LIMITS_TEST_OUT"])
 
@@ -82,7 +85,9 @@ handlers = ["lim.work", "lim.hang"]
 def counter(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Engine]:
     """The handlers' counter row, and the environment their module reads."""
     table = f"limit_counter_{os.getpid()}"
-    engine = create_engine(db_url)
+    engine = create_engine(
+        db_url, connect_args={"prepare_threshold": None} if db_url.startswith("postgres") else {}
+    )
     with engine.begin() as conn:
         conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
         conn.execute(text(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, running INTEGER)"))
