@@ -1238,7 +1238,11 @@ class Scheduler:
 
         self.check_schema()
         return _explain.explain(
-            self.store, name, self.clock(), self.settings.max_consecutive_failures
+            self.store,
+            name,
+            self.clock(),
+            self.settings.max_consecutive_failures,
+            self.limit_set(check=False),
         )
 
     def status(self, *, rows: bool = True) -> dict[str, Any]:
