@@ -35,7 +35,19 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import JSON, Connection, String, cast, delete, func, insert, literal, select, update
+from sqlalchemy import (
+    JSON,
+    Connection,
+    String,
+    cast,
+    delete,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -261,6 +273,30 @@ def claim(
     for name, cursor in cursors.items():
         conn.execute(update(limits).where(limits.c.name == name).values(cursor=cursor))
     return sorted(won, key=lambda j: (j.priority, j.run_at, j.id)), held
+
+
+def any_ready(
+    conn: Connection,
+    limitset: LimitSet,
+    *,
+    now: datetime,
+    queues: Sequence[str],
+    handlers: Collection[str] = (),
+    exclude: bool = False,
+) -> bool:
+    """Whether any job under a limit is ready in ``queues``: one read, so that a worker with
+    nothing to do under its limits takes no lock and counts nothing."""
+    covered = [_covered(limitset, limit) for limit in limitset.limits]
+    stmt = select(jobs.c.id).where(
+        jobs.c.state == QUEUED,
+        jobs.c.run_at <= now,
+        jobs.c.queue.in_(list(queues)),
+        or_(*covered),
+    )
+    if handlers:
+        names = sorted(handlers)
+        stmt = stmt.where(jobs.c.handler.not_in(names) if exclude else jobs.c.handler.in_(names))
+    return conn.execute(stmt.limit(1)).first() is not None
 
 
 def _rotation(

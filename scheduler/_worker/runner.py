@@ -52,7 +52,7 @@ CANCELLED = "cancelled"  # an operator cancelled the running job
 # A claim of jobs under limits runs when told there may be some (a wake-up, a finished job, a
 # claim that found some), else at least this often: an idle worker's poll stays one claim.
 LIMITED_POLL_SECONDS = 5.0
-LIMITS_PRUNE_SECONDS = 10.0  # how often a runner deletes the holds that count for nothing
+LIMITS_PRUNE_SECONDS = 1.0  # how often a busy runner deletes the holds that count for nothing
 
 CoroutineRunner = Callable[[Coroutine[Any, Any, Any]], Any]
 
@@ -267,7 +267,12 @@ class Runner:
         return retry(f"{doing} expired job {job.id}", attempt, lost=lambda: False)
 
     def claim(
-        self, limit: int = 1, *, handlers: Collection[str] = (), exclude: bool = False
+        self,
+        limit: int = 1,
+        *,
+        handlers: Collection[str] = (),
+        exclude: bool = False,
+        limited: int | None = None,
     ) -> list[Job]:
         """Claim up to ``limit`` ready jobs (with ``handlers``: only theirs, or with
         ``exclude`` only others'). A claim that deadlocked is run again; one that still does
@@ -275,13 +280,16 @@ class Runner:
 
         With limits, the jobs under none are claimed as without, and then, when room is left
         and :meth:`poke_limits` said so or ``LIMITED_POLL_SECONDS`` passed, those under
-        limits, by a claim that counts (:func:`scheduler._store.limits.claim`)."""
+        limits, by a claim that counts (:func:`scheduler._store.limits.claim`), at most
+        ``limited`` of them (the worker's free threads: a job claimed under a limit holds its
+        place from the claim, so none is prefetched to wait for a thread)."""
         if not self.limits:
             return self._claim_plain(limit, handlers, exclude, self.queues, ())
         queues = tuple(q for q in self.queues if q not in self.limits.queues)
         found = self._claim_plain(limit, handlers, exclude, queues, self.limits.handlers)
-        if len(found) < limit and self._limited_due():
-            found += self._claim_limited(limit - len(found), handlers, exclude)
+        room = limit - len(found) if limited is None else min(limit - len(found), limited)
+        if room > 0 and self._limited_due():
+            found += self._claim_limited(room, handlers, exclude)
         return found
 
     def poke_limits(self) -> None:
@@ -303,6 +311,20 @@ class Runner:
             self._limits_ready = True
         now = self.clock()
         prune = time.monotonic() - self._pruned_at >= LIMITS_PRUNE_SECONDS
+
+        def ready() -> bool:
+            with self.store.read() as conn:
+                return _limits.any_ready(
+                    conn,
+                    self.limits,
+                    now=now,
+                    queues=self.queues,
+                    handlers=handlers,
+                    exclude=exclude,
+                )
+
+        if not retry("looking for jobs under limits", ready, lost=lambda: True):
+            return []  # nothing ready under a limit: no lock taken, nothing counted
 
         def attempt() -> tuple[list[Job], int]:
             with self.store.begin() as conn:

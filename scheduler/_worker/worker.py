@@ -436,11 +436,16 @@ class Worker:
         on_loop = sum(1 for job in taken if self._on_loop(job))
         sync_free -= len(taken) - on_loop
         loop_free -= on_loop
+        # Jobs under limits are never prefetched: they hold their place from the claim.
+        threads = max(self.concurrency - self._stuck_threads, 0)
+        with self._lock:
+            sync_threads = max(threads - (len(self._running) - len(self._async)), 0)
+        sync_threads = min(sync_threads, sync_free)
         claimed: list[Job] = []
         unlooked = False  # a kind of job not looked for (no free slot): not "found nothing"
         if self._events is None or not self._async_names:
             if sync_free > 0:
-                claimed = self.runner.claim(sync_free)
+                claimed = self.runner.claim(sync_free, limited=sync_threads)
         elif not self._sync_handlers:
             if loop_free > 0:
                 claimed = self.runner.claim(loop_free)
@@ -450,7 +455,9 @@ class Worker:
             if loop_free > 0:
                 claimed += self.runner.claim(loop_free, handlers=names)
             if sync_free > 0:
-                claimed += self.runner.claim(sync_free, handlers=names, exclude=True)
+                claimed += self.runner.claim(
+                    sync_free, handlers=names, exclude=True, limited=sync_threads
+                )
         self._submit(pool, claimed)
         handed = len(taken) + len(claimed)
         return None if unlooked and not handed else handed
