@@ -52,6 +52,7 @@ CANCELLED = "cancelled"  # an operator cancelled the running job
 # A claim of jobs under limits runs when told there may be some (a wake-up, a finished job, a
 # claim that found some), else at least this often: an idle worker's poll stays one claim.
 LIMITED_POLL_SECONDS = 5.0
+LIMITS_RETRY_SECONDS = 0.05  # how soon a worker held back by a limit looks again
 LIMITS_PRUNE_SECONDS = 1.0  # how often a busy runner deletes the holds that count for nothing
 
 CoroutineRunner = Callable[[Coroutine[Any, Any, Any]], Any]
@@ -188,6 +189,8 @@ class Runner:
         self.limits = limits or LimitSet()
         self._limited_poked = True
         self._limited_next = float("-inf")
+        self._limited_busy = False  # the last claim under limits found jobs or a full limit
+        self._limited_look = True
         self._limits_ready = False
         self._pruned_at = float("-inf")
         #: What a failed run keeps of the exception's message ([worker] error_messages).
@@ -297,10 +300,18 @@ class Runner:
         claim looks for them."""
         self._limited_poked = True
 
+    @property
+    def limits_pending(self) -> bool:
+        """Whether the last claim under limits found jobs or a limit without room: the worker
+        looks again after ``LIMITS_RETRY_SECONDS`` rather than its poll (a place frees when
+        another worker's job ends, a rate's window moves on: neither wakes it)."""
+        return self._limited_busy
+
     def _limited_due(self) -> bool:
         now = time.monotonic()
         if not self._limited_poked and now < self._limited_next:
             return False
+        self._limited_look = not self._limited_busy  # idle: one read before any lock
         self._limited_poked = False
         self._limited_next = now + LIMITED_POLL_SECONDS
         return True
@@ -323,7 +334,7 @@ class Runner:
                     exclude=exclude,
                 )
 
-        if not retry("looking for jobs under limits", ready, lost=lambda: True):
+        if self._limited_look and not retry("looking under limits", ready, lost=lambda: True):
             return []  # nothing ready under a limit: no lock taken, nothing counted
 
         def attempt() -> tuple[list[Job], int]:
@@ -347,6 +358,7 @@ class Runner:
         found, held = retry("claim under limits", attempt, lost=lambda: ([], 0))
         if prune:
             self._pruned_at = time.monotonic()
+        self._limited_busy = bool(found or held)
         if found or held:
             self._limited_poked = True  # more may be ready, or room may come soon
         return found

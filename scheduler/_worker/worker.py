@@ -57,7 +57,7 @@ from .._store.retry import is_transient
 from .._store.status import health as _health
 from .events import EventLoop
 from .recorder import Recorder
-from .runner import CANCELLED, TIMEOUT, Stop
+from .runner import CANCELLED, LIMITS_RETRY_SECONDS, TIMEOUT, Stop
 from .telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -329,7 +329,8 @@ class Worker:
                     self._log_error("worker loop", exc, wait)
                     self._wake.wait(wait)
                     continue
-                if self._wake.wait(POLL_SECONDS):
+                held = self.runner.limits_pending  # a limit was full: look again soon
+                if self._wake.wait(LIMITS_RETRY_SECONDS if held else POLL_SECONDS):
                     self.runner.poke_limits()  # a wake-up or a finished job: look under limits
         finally:
             self._tick_stop.set()
