@@ -115,6 +115,11 @@ class Counts:
             room = min(room, (limit.rate_count or 0) - self.started.get(key, 0))
         return room
 
+    def rate_full(self, limit: Limit, part: str) -> bool:
+        """Whether the rate (not the concurrency) leaves ``part`` no room now."""
+        started = self.started.get((limit.name, part), 0)
+        return limit.rate is not None and started >= (limit.rate_count or 0)
+
     def take(self, limit: Limit, part: str) -> None:
         key = (limit.name, part)
         self.running[key] = self.running.get(key, 0) + 1
@@ -175,10 +180,10 @@ def claim(
     queues: Sequence[str],
     handlers: Collection[str] = (),
     exclude: bool = False,
-) -> tuple[list[Job], int]:
+) -> tuple[list[Job], int, bool]:
     """Claim up to ``want`` ready jobs under limits, for ``owner`` (module docstring); returns
-    them, and how many times a limit held back a job it looked at, or had no room at all (a
-    reason to look again soon)."""
+    them, how many times a limit held back a job it looked at or had no room at all (a reason
+    to look again), and whether a rate did (its window moves on by itself: look again soon)."""
     chosen = sorted(limitset.limits, key=lambda limit: limit.name)
     for limit in chosen:  # 1. take turns (the transaction's first statements)
         conn.execute(
@@ -188,6 +193,7 @@ def claim(
     dialect = conn.dialect.name
     taken: dict[int, tuple[Job, list[tuple[Limit, str]]]] = {}
     held = 0
+    by_rate = False
     cursors: dict[str, str] = {}
     for limit in chosen:  # 3.
         if len(taken) >= want:
@@ -207,6 +213,7 @@ def claim(
         if limit.per is None:
             if counts.room(limit, "") <= 0:
                 held += 1  # full: room may come at any moment (an outcome, the window)
+                by_rate = by_rate or counts.rate_full(limit, "")
                 continue
         else:
             full = sorted(
@@ -216,6 +223,7 @@ def claim(
             )
             if full:
                 held += 1
+                by_rate = by_rate or any(counts.rate_full(limit, p) for p in full)
             if full and len(full) <= _MAX_EXCLUDED:
                 ready.append(part.not_in(full))
         space = want - len(taken)
@@ -248,6 +256,7 @@ def claim(
             ]
             if any(counts.room(each, p) <= 0 for each, p in parts):
                 held += 1
+                by_rate = by_rate or any(counts.rate_full(each, p) for each, p in parts)
                 continue
             for each, p in parts:
                 counts.take(each, p)
@@ -261,7 +270,7 @@ def claim(
                     payload=job.payload,
                 )
     if not taken:
-        return [], held
+        return [], held, by_rate
     won = _take(store, conn, list(taken), owner=owner, now=now, lease=lease)  # 4.
     holds = [
         {"limit_name": each.name, "part": p, "job_id": job.id, "started_at": now}
@@ -272,7 +281,7 @@ def claim(
         conn.execute(insert(limit_holds), holds)
     for name, cursor in cursors.items():
         conn.execute(update(limits).where(limits.c.name == name).values(cursor=cursor))
-    return sorted(won, key=lambda j: (j.priority, j.run_at, j.id)), held
+    return sorted(won, key=lambda j: (j.priority, j.run_at, j.id)), held, by_rate
 
 
 def any_ready(
@@ -367,13 +376,20 @@ def _take(
     return [Job.from_row(r) for r in conn.execute(won)]
 
 
+PRUNE_MARGIN = timedelta(seconds=5)
+"""Holds are kept this much longer than their window: every worker counts by its own clock
+(the database's, as each process measured it), and a hold one worker deletes must already be
+out of every other worker's window."""
+
+
 def prune(conn: Connection, limitset: LimitSet, now: datetime) -> int:
     """Delete the holds that count for nothing any more: past their limit's rate window (or
-    any, without a rate) and whose job is not ``claimed``. Returns how many."""
+    any, without a rate) by ``PRUNE_MARGIN`` and whose job is not ``claimed``. Returns how
+    many."""
     deleted = 0
     running = select(jobs.c.id).where(jobs.c.state == CLAIMED)
     for limit in limitset.limits:
-        keep = timedelta(seconds=limit.rate_seconds or 0)
+        keep = timedelta(seconds=limit.rate_seconds or 0) + PRUNE_MARGIN
         stmt = delete(limit_holds).where(
             limit_holds.c.limit_name == limit.name,
             limit_holds.c.started_at <= now - keep,

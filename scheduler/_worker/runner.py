@@ -190,6 +190,7 @@ class Runner:
         self._limited_poked = True
         self._limited_next = float("-inf")
         self._limited_busy = False  # the last claim under limits found jobs or a full limit
+        self._rate_held = False  # a rate held it back
         self._limited_look = True
         self._limits_ready = False
         self._pruned_at = float("-inf")
@@ -302,10 +303,11 @@ class Runner:
 
     @property
     def limits_pending(self) -> bool:
-        """Whether the last claim under limits found jobs or a limit without room: the worker
-        looks again after ``LIMITS_RETRY_SECONDS`` rather than its poll (a place frees when
-        another worker's job ends, a rate's window moves on: neither wakes it)."""
-        return self._limited_busy
+        """Whether a rate held back the last claim under limits: the worker looks again after
+        ``LIMITS_RETRY_SECONDS`` rather than its poll (the window moves on by itself, and
+        nothing wakes it). A full ``concurrency`` waits for a wake-up (one of its own jobs
+        ending) or the poll: looking again and again would only queue on the limit's lock."""
+        return self._rate_held
 
     def _limited_due(self) -> bool:
         now = time.monotonic()
@@ -337,7 +339,7 @@ class Runner:
         if self._limited_look and not retry("looking under limits", ready, lost=lambda: True):
             return []  # nothing ready under a limit: no lock taken, nothing counted
 
-        def attempt() -> tuple[list[Job], int]:
+        def attempt() -> tuple[list[Job], int, bool]:
             with self.store.begin() as conn:
                 found = _limits.claim(
                     self.store,
@@ -355,10 +357,11 @@ class Runner:
                     _limits.prune(conn, self.limits, now)
                 return found
 
-        found, held = retry("claim under limits", attempt, lost=lambda: ([], 0))
+        found, held, by_rate = retry("claim under limits", attempt, lost=lambda: ([], 0, False))
         if prune:
             self._pruned_at = time.monotonic()
         self._limited_busy = bool(found or held)
+        self._rate_held = by_rate
         if found or held:
             self._limited_poked = True  # more may be ready, or room may come soon
         return found

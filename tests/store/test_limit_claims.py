@@ -220,6 +220,9 @@ def test_prune_keeps_what_still_counts(make_app: Callable[..., Scheduler], clock
     taken = runner.claim(3)
     runner.record([runner.execute(taken[0])])
     clock.advance(seconds=61)
+    with app.store.begin() as conn:  # in the window's margin: kept (other workers' clocks)
+        assert _limits.prune(conn, app.limit_set(), clock()) == 0
+    clock.advance(seconds=5)
     with app.store.begin() as conn:
         assert _limits.prune(conn, app.limit_set(), clock()) == 1  # the finished one
         left = conn.execute(select(func.count()).select_from(limit_holds)).scalar_one()
