@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         UnknownRow,
     )
     from ._model.job import Job
+    from ._model.limits import Limit
     from ._model.report import TickReport
     from ._model.rows import SyncPlan, TaskRow, TaskSpec
     from ._ops.backfill import BackfillResult
@@ -45,6 +46,7 @@ _WHERE = {
     "Job": "._model.job",
     "JobStateError": "._errors",
     "LeaseLost": "._errors",
+    "Limit": "._model.limits",
     "PayloadError": "._errors",
     "PermanentError": "._errors",
     "RunningJob": "._worker.runner",
@@ -99,6 +101,7 @@ __all__ = [
     "Job",
     "JobStateError",
     "LeaseLost",
+    "Limit",
     "PayloadError",
     "PermanentError",
     "RunningJob",

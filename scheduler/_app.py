@@ -30,14 +30,16 @@ from ._model import rules as _rules
 from ._model.defaults import BACKFILL_MAX
 from ._model.handlers import AbandonedHook, F, Registry, TenantContext
 from ._model.job import Job, RecordedHook
+from ._model.limits import Limit, LimitSet, check_limits
 from ._model.rows import UNCHANGED, SyncPlan, TaskChange, TaskRow, TaskSpec
 from ._model.time import Clock, as_utc, iso
-from ._store import Engine, Store, make_engine
+from ._store import Connection, Engine, Store, make_engine
 from ._store import audit as _audit
 from ._store import clock as _clock
 from ._store import decisions as _decisions
 from ._store import handlers as _handlers
 from ._store import jobs as _jobs
+from ._store import limits as _limits
 from ._store import migrate as _migrate
 from ._store import rows as _rows
 from ._store import wakeup as _wakeup
@@ -131,6 +133,7 @@ class Scheduler:
         database: DatabaseSettings | None = None,
         broker: BrokerSettings | None = None,
         broker_url: str | None = None,
+        limits: Iterable[Limit] = (),
         **overrides: Any,
     ) -> None:
         if engine is None and database_url is None:
@@ -154,6 +157,12 @@ class Scheduler:
         self.worker_settings = worker
         self.metrics_settings = metrics or MetricsSettings()
         self.tasks = tuple(tasks)
+        #: The limits every worker shares (``[[limits]]``); see :meth:`limit_set`.
+        self.limits: tuple[Limit, ...] = tuple(limits)
+        for limit in self.limits:
+            if not isinstance(limit, Limit):
+                raise TypeError(f"Scheduler(limits=...) takes Limit objects, got {limit!r}")
+        check_limits(self.limits, {}, config_path or "", complete=False)
         self.config_path = config_path
         self.database_source = database_source  # where the URL came from, for messages
         if engine is None:
@@ -218,6 +227,7 @@ class Scheduler:
             database_source=config.database_source,
             database=config.database,
             broker=config.broker,
+            limits=config.limits,
             **kwargs,
         )
         app.dashboard_settings = config.dashboard
@@ -233,8 +243,12 @@ class Scheduler:
         abandoned: AbandonedHook | None = None,
         queue: str = "default",
         timeout: float | None = None,
+        limits: Iterable[str] = (),
     ) -> Callable[[F], F]:
         """Register the decorated callable as the handler called ``name``.
+
+        ``limits``: the names of limits (``Scheduler(limits=...)``, ``[[limits]]``) its jobs
+        are under, beside those that name the handler or its queue themselves.
 
         ``timeout``: seconds one attempt may run (None or 0: no limit). At the limit a worker
         asks the attempt to stop (an ``async def`` handler is cancelled; a sync one sees
@@ -247,7 +261,34 @@ class Scheduler:
             abandoned=abandoned,
             queue=queue,
             timeout=timeout,
+            limits=limits,
         )
+
+    def limit_set(self, *, check: bool = True) -> LimitSet:
+        """The limits with the handlers registered naming them, checked together (``check``):
+        a handler naming an unknown limit, or a limit that covers nothing, raises
+        ConfigError. Unchecked for the reads (``job ID`` in a process that imports no
+        handlers sees the file's limits only)."""
+        named = {
+            name: handler.limits
+            for name in self.registry.names()
+            if (handler := self.registry.get(name)) is not None and handler.limits
+        }
+        if check:
+            check_limits(self.limits, named, self.config_path or "")
+        return LimitSet(self.limits, named)
+
+    def with_waiting(self, conn: Connection, found: list[Job]) -> list[Job]:
+        """``found`` with the ``waiting_for`` of the ready jobs a limit holds back."""
+        if not self.limits:
+            return found
+        sentences = _limits.waiting_for(conn, self.limit_set(check=False), found, self.clock())
+        if not sentences:
+            return found
+        return [
+            dataclasses.replace(job, waiting_for=sentences[job.id]) if job.id in sentences else job
+            for job in found
+        ]
 
     def tenant_context(self, factory: TenantContext) -> TenantContext:
         """Register ``factory``, ``(tenant) -> context manager`` (sync, or async for ``async
@@ -890,8 +931,11 @@ class Scheduler:
             raise type(exc)(f"{where}: {exc}") from None
 
     def get_job(self, job_id: int) -> Job | None:
+        """The job's view; a ready job a limit holds back says what it waits for
+        (``waiting_for``)."""
         with self.store.read() as conn:
-            return _jobs.get_job(conn, job_id)
+            job = _jobs.get_job(conn, job_id)
+            return None if job is None else self.with_waiting(conn, [job])[0]
 
     def history(self, job_id: int) -> list[dict[str, Any]]:
         """Every finished attempt of a job, oldest first. Raises
@@ -1007,7 +1051,7 @@ class Scheduler:
             )
             if not found and task is not None:
                 _known_task(conn, task)
-            return found
+            return self.with_waiting(conn, found)
 
     def backfill(
         self,
@@ -1105,6 +1149,7 @@ class Scheduler:
             coroutine_runner=self._run_coroutine,
             recorded=self.recorded_hooks,
             error_messages=w.error_messages,
+            limits=self.limit_set(),
         )
 
     def _run_coroutine(self, coro: Coroutine[Any, Any, _T]) -> _T:
@@ -1198,7 +1243,11 @@ class Scheduler:
 
         self.check_schema()
         return _explain.explain(
-            self.store, name, self.clock(), self.settings.max_consecutive_failures
+            self.store,
+            name,
+            self.clock(),
+            self.settings.max_consecutive_failures,
+            self.limit_set(check=False),
         )
 
     def status(self, *, rows: bool = True) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from ._errors import ConfigError, PayloadError
 from ._model.cron import validate_cron, validate_timezone
+from ._model.limits import Limit, parse_limits
 from ._model.passwords import check_hash_format
 from ._model.payload import decode_payload, encode_payload, find_credential_key
 from ._model.redact import ERROR_MESSAGES
@@ -127,6 +128,7 @@ class AppConfig:
     database_source: str = "[database] url"
     database: DatabaseSettings = field(default_factory=DatabaseSettings)
     broker: BrokerSettings = BrokerSettings()
+    limits: tuple[Limit, ...] = ()
 
 
 def _timezone(t: Keys, key: str) -> str:
@@ -398,6 +400,7 @@ def parse_config(data: Mapping[str, Any], path: str = "<config>") -> AppConfig:
         "dashboard": {},
         "broker": {},
         "tasks": [],
+        "limits": [],
     }
     top = Keys(data, path, sections)
     top.check_keys()
@@ -427,6 +430,9 @@ def parse_config(data: Mapping[str, Any], path: str = "<config>") -> AppConfig:
         dashboard=_dashboard_settings(top.get("dashboard", "a table", is_table), path),
         database=database_settings,
         broker=broker_settings(top.get("broker", "a table", is_table), f"{path}: [broker]"),
+        limits=parse_limits(
+            top.get("limits", "an array of tables", lambda v: isinstance(v, list)), path
+        ),
     )
 
 

@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -52,10 +52,23 @@ class Handler:
     queue: str = "default"
     is_async: bool = field(default=False, compare=False)
     timeout: float | None = None
+    limits: tuple[str, ...] = ()  # the names of the limits its jobs are under ([[limits]])
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "is_async", is_async_callable(self.func))
         object.__setattr__(self, "timeout", check_timeout(self.timeout, self.name))
+
+
+def check_limit_names(value: object, handler: str) -> tuple[str, ...]:
+    """A handler's ``limits``: the names of limits, as a list of strings; a bad one raises
+    TypeError naming the handler and the key."""
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise TypeError(f"handler {handler[:40]!r}: limits must be a list of limit names")
+    names = tuple(value)
+    for name in names:
+        if not isinstance(name, str) or not name.strip():
+            raise TypeError(f"handler {handler[:40]!r}: limits must be a list of limit names")
+    return names
 
 
 def check_timeout(value: object, handler: str) -> float | None:
@@ -101,13 +114,15 @@ class Registry:
         abandoned: AbandonedHook | None = None,
         queue: str = "default",
         timeout: float | None = None,
+        limits: Iterable[str] = (),
     ) -> Callable[[F], F]:
         """Register the decorated callable as ``name`` (as ``Scheduler.handler`` does)."""
         check_timeout(timeout, name)  # at the decorator's call, before any function is seen
+        names = check_limit_names(limits, name)
 
         def register(func: F) -> F:
             handler = Handler(name, func, retry_safe, max_attempts, abandoned, queue)
-            self.add(dataclasses.replace(handler, timeout=timeout))
+            self.add(dataclasses.replace(handler, timeout=timeout, limits=names))
             return func
 
         return register

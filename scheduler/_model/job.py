@@ -34,6 +34,9 @@ class Job:
     slot: datetime | None = None  # the cron instant a task's job stands for (before jitter)
     tenant: str | None = None  # whose job it is (``enqueue(tenant=...)``, a task's ``tenant``)
     fence: int = 0  # grows with every claim, takeover and rerun in place of the job
+    #: A ready ``queued`` job a limit holds back: what it waits for ("limit crm-api: 10 of
+    #: 10 running"); None otherwise (and in the jobs a worker claims).
+    waiting_for: str | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> Job:

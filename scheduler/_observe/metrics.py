@@ -54,9 +54,11 @@ from prometheus_client.registry import Collector
 from .._config import MetricsSettings, WorkerSettings
 from .._model.handlers import Registry
 from .._model.job import Job, RecordedHook
+from .._model.limits import LimitSet
 from .._model.rules import STATES
 from .._model.time import Clock
 from .._store import Store
+from .._store import limits as _limits
 from .._store.status import horizon as _horizon
 from .._store.status import metrics as _figures
 
@@ -76,6 +78,10 @@ class MetricsHost(Protocol):
     metrics_settings: MetricsSettings
     recorded_hooks: list[RecordedHook]
     """Told of every runner's committed outcomes (the job as written, and how it ended)."""
+
+    def limit_set(self, *, check: bool = True) -> LimitSet:
+        """The limits every worker shares (``[[limits]]``), with the handlers naming them."""
+        ...
 
 
 __all__ = [
@@ -228,6 +234,23 @@ def _vacuum_metrics(dead: dict[str, int], age: float) -> Iterator[Metric]:
     )
 
 
+def _limit_metrics(found: dict[str, tuple[int, int]]) -> Iterator[Metric]:
+    in_use = GaugeMetricFamily(
+        "scheduler_limit_in_use",
+        "Attempts running under each limit, across every worker (all its partitions).",
+        labels=["limit"],
+    )
+    waiting = GaugeMetricFamily(
+        "scheduler_limit_waiting",
+        "Ready jobs under each limit still queued (held back, or not claimed yet).",
+        labels=["limit"],
+    )
+    for name, (running, ready) in sorted(found.items()):
+        in_use.add_metric([name], running)
+        waiting.add_metric([name], ready)
+    yield from (in_use, waiting)
+
+
 class DatabaseCollector(Collector):
     """The gauges read from the database, cached for ``cache_seconds`` (one statement each
     refresh). A failed read is logged and the last figures are served meanwhile."""
@@ -239,6 +262,7 @@ class DatabaseCollector(Collector):
         self._read_at = float("-inf")
         self._rows: list[Any] = []
         self._now: datetime | None = None
+        self._limits: dict[str, tuple[int, int]] = {}
 
     def describe(self) -> Iterable[Metric]:
         return []  # not read at registration: the database may not be there yet
@@ -250,6 +274,10 @@ class DatabaseCollector(Collector):
                 try:
                     self._rows = _figures.read(self.app.store, now)
                     self._now = now
+                    limits = self.app.limit_set(check=False)
+                    if limits:  # statements of their own, only where limits are configured
+                        with self.app.store.read() as conn:
+                            self._limits = _limits.gauges(conn, limits, now)
                 except Exception as exc:
                     log.warning(
                         "metrics: cannot read the database: %s",
@@ -323,6 +351,8 @@ class DatabaseCollector(Collector):
         for task_state, number in task_states.items():
             tasks.add_metric([task_state], number)
         yield from (by_state, oldest, tasks, success, failures, up)
+        if self._limits:
+            yield from _limit_metrics(self._limits)
         if vacuum is not None:
             yield from _vacuum_metrics(dead, vacuum)
 

@@ -12,6 +12,7 @@ dashboard's Task page shows it.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -19,9 +20,11 @@ from zoneinfo import ZoneInfo
 from .._errors import UnknownRow
 from .._model import slots as _slots
 from .._model.job import Job
+from .._model.limits import LimitSet
 from .._model.rows import TaskRow
 from .._model.time import in_zone, iso
 from .._store import Store
+from .._store import limits as _limits
 from .._store.status.explain import RUNS, Read, read
 
 NEXT_FIRES = _slots.NEXT_FIRES
@@ -113,6 +116,8 @@ def state_sentence(
                 f"job {jid} is retrying (attempt {job['attempts']} of {job['max_attempts']}"
                 f" failed with {job['last_error_code']}; next attempt at {at(job['run_at'])})"
             )
+        elif job.get("waiting_for"):
+            holder = f"job {jid} is queued, held by a limit ({job['waiting_for']})"
         else:
             waiting = job["run_at"] <= now
             holder = f"job {jid} is queued to run at {at(job['run_at'])}" + (
@@ -188,6 +193,7 @@ def _job_dict(job: Job | None, started_at: datetime | None) -> dict[str, Any] | 
         "started_at": started_at,
         "finished_at": job.finished_at,
         "last_error_code": job.last_error_code,
+        "waiting_for": job.waiting_for,
     }
 
 
@@ -225,10 +231,18 @@ def build(found: Read, now: datetime, global_limit: int) -> dict[str, Any]:
     }
 
 
-def explain(store: Store, name: str, now: datetime, global_limit: int) -> dict[str, Any]:
-    """What `explain NAME --json` prints; :class:`UnknownRow` for a name no row has."""
+def explain(
+    store: Store, name: str, now: datetime, global_limit: int, limits: LimitSet | None = None
+) -> dict[str, Any]:
+    """What `explain NAME --json` prints; :class:`UnknownRow` for a name no row has. With
+    ``limits``, a last job a limit holds back says what it waits for."""
     with store.read() as conn:
         found = read(conn, name)
+        if found is not None and found.job is not None and limits:
+            sentences = _limits.waiting_for(conn, limits, [found.job], now)
+            if found.job.id in sentences:
+                job = dataclasses.replace(found.job, waiting_for=sentences[found.job.id])
+                found = dataclasses.replace(found, job=job)
     if found is None:
         raise UnknownRow(f"no task named {name!r} (run `scheduler sync`?)")
     return build(found, now, global_limit)

@@ -279,7 +279,11 @@ ClaimKey = tuple[int, datetime, int]
 
 @functools.lru_cache(maxsize=32)
 def _claim_statements(
-    skip_locked: bool, returning: bool, by_handler: str | None = None, after: bool = False
+    skip_locked: bool,
+    returning: bool,
+    by_handler: str | None = None,
+    after: bool = False,
+    unlimited: bool = False,
 ) -> tuple[Any, ...]:
     """The claim for one engine's capabilities: (statement) or (select, update, reselect).
 
@@ -288,7 +292,9 @@ def _claim_statements(
     ``after``: only the jobs past ``(p_after_priority, p_after_at, p_after_id)`` in the
     claim's order, a row comparison the ready index is range-scanned from (PostgreSQL): the
     entries before it, left by jobs claimed since vacuum last ran, are not walked (see
-    :class:`~scheduler._store.cursor.ClaimCursor`)."""
+    :class:`~scheduler._store.cursor.ClaimCursor`).
+    ``unlimited``: not the jobs of the handlers ``p_limited`` (those under a limit are claimed
+    by ``scheduler/_store/limits.py``)."""
     ready = (
         select(jobs.c.id)
         .where(
@@ -313,6 +319,8 @@ def _claim_statements(
         ready = ready.where(
             jobs.c.handler.not_in(names) if by_handler == "not_in" else jobs.c.handler.in_(names)
         )
+    if unlimited:
+        ready = ready.where(jobs.c.handler.not_in(_P("p_limited", expanding=True)))
     if skip_locked:
         ready = ready.with_for_update(skip_locked=True)
     claim_values = {
@@ -363,13 +371,16 @@ def claim(
     handlers: Collection[str] = (),
     exclude: bool = False,
     after: ClaimKey | None = None,
+    limited: Collection[str] = (),
 ) -> list[Job]:
     """Move up to ``limit`` ready jobs ``queued -> claimed`` for ``owner`` (with ``handlers``:
     only those handlers' jobs, or with ``exclude`` only the other handlers'; with ``after``,
-    only those past that key in the claim's order)."""
+    only those past that key in the claim's order; never those of the ``limited`` handlers)."""
     returning = store.caps.claim_returning
     by_handler = ("not_in" if exclude else "in") if handlers else None
-    statements = _claim_statements(store.caps.skip_locked, returning, by_handler, after is not None)
+    statements = _claim_statements(
+        store.caps.skip_locked, returning, by_handler, after is not None, bool(limited)
+    )
     params: dict[str, Any] = {
         "p_now": now,
         "p_queues": list(queues),
@@ -381,6 +392,8 @@ def claim(
         params.update(p_after_priority=after[0], p_after_at=after[1], p_after_id=after[2])
     if by_handler is not None:
         params["p_handlers"] = sorted(handlers)
+    if limited:
+        params["p_limited"] = sorted(limited)
     if returning:
         found = (Job.from_row(r) for r in conn.execute(statements[0], params))
         return sorted(found, key=lambda j: (j.priority, j.run_at, j.id))

@@ -280,3 +280,31 @@ handlers = Table(
 )
 """Each handler a worker registered, with its settings, so that any process can enqueue it
 (revision 0010)."""
+
+limits = Table(
+    "scheduler_limits",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    # Every limited claim bumps it first: the row lock that makes the limit's claims take
+    # turns, so that each counts what the one before it claimed (revision 0014).
+    Column("version", Integer, nullable=False),
+    # fair = true: the partition the last claim served; the next goes on after it.
+    Column("cursor", String(200)),
+)
+"""One row per limit shared by the workers (``[[limits]]``): its lock and its rotation."""
+
+limit_holds = Table(
+    "scheduler_limit_holds",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("limit_name", String(200), nullable=False),
+    Column("part", String(200), nullable=False),
+    Column("job_id", Id, nullable=False),
+    Column("started_at", UTCDateTime, nullable=False),
+    # Starts in a window: a rate's count; the running ones: joined to their claimed job.
+    Index("ix_scheduler_limit_holds_started", "limit_name", "part", "started_at"),
+    Index("ix_scheduler_limit_holds_job", "limit_name", "job_id"),
+)
+"""One row per attempt a limit let start (revision 0014): it counts towards ``concurrency``
+while its job is ``claimed`` and towards ``rate`` while it is in the window; kept no longer
+than both need."""

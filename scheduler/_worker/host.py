@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from .._config import MetricsSettings, SchedulerSettings, WorkerSettings
     from .._model.handlers import Registry
     from .._model.job import RecordedHook
+    from .._model.limits import LimitSet
     from .._model.report import TickReport
     from .._model.time import Clock
     from .._store import Store
@@ -41,6 +42,10 @@ class Host(Protocol):
 
     def check_schema(self) -> None:
         """Raise ``SchemaOutdated`` unless the schema is current."""
+        ...
+
+    def limit_set(self, *, check: bool = True) -> LimitSet:
+        """The limits every worker shares, with the handlers registered naming them."""
         ...
 
     def runner(self, settings: WorkerSettings | None = None) -> Runner:

@@ -26,10 +26,12 @@ from .._model.backoff import Backoff, delay_after
 from .._model.ending import Ending
 from .._model.handlers import Handler, Registry, error_code, is_async_callable
 from .._model.job import Job, RecordedHook
+from .._model.limits import LimitSet
 from .._model.redact import error_message
 from .._model.rules import ABORTED, QUEUED, SUCCEEDED
 from .._store import Connection, Store
 from .._store import jobs as _jobs
+from .._store import limits as _limits
 from .._store import wakeup as _wakeup
 from .._store.cursor import ClaimCursor
 from .._store.retry import is_transient, retry
@@ -46,6 +48,12 @@ RETURNED_AWAITABLE = "handler_returned_awaitable"  # a sync handler returned a c
 WORKER_STOPPED = "worker_stopped"  # an async run cancelled at shutdown, after the grace
 TIMEOUT = "timeout"  # the attempt ran past its handler's timeout
 CANCELLED = "cancelled"  # an operator cancelled the running job
+
+# A claim of jobs under limits runs when told there may be some (a wake-up, a finished job, a
+# claim that found some), else at least this often: an idle worker's poll stays one claim.
+LIMITED_POLL_SECONDS = 5.0
+LIMITS_RETRY_SECONDS = 0.05  # how soon a worker held back by a limit looks again
+LIMITS_PRUNE_SECONDS = 1.0  # how often a busy runner deletes the holds that count for nothing
 
 CoroutineRunner = Callable[[Coroutine[Any, Any, Any]], Any]
 
@@ -206,8 +214,18 @@ class Runner:
         coroutine_runner: CoroutineRunner | None = None,
         recorded: list[RecordedHook] | None = None,
         error_messages: str = "none",
+        limits: LimitSet | None = None,
     ) -> None:
         self.store = store
+        #: The limits every worker shares: their jobs are claimed apart (_store/limits.py).
+        self.limits = limits or LimitSet()
+        self._limited_poked = True
+        self._limited_next = float("-inf")
+        self._limited_busy = False  # the last claim under limits found jobs or a full limit
+        self._rate_held = False  # a rate held it back
+        self._limited_look = True
+        self._limits_ready = False
+        self._pruned_at = float("-inf")
         #: What a failed run keeps of the exception's message ([worker] error_messages).
         self.error_messages = error_messages
         #: Called after each commit of outcomes with the (job, outcome) pairs it wrote (the
@@ -286,11 +304,111 @@ class Runner:
         return retry(f"{doing} expired job {job.id}", attempt, lost=lambda: False)
 
     def claim(
-        self, limit: int = 1, *, handlers: Collection[str] = (), exclude: bool = False
+        self,
+        limit: int = 1,
+        *,
+        handlers: Collection[str] = (),
+        exclude: bool = False,
+        limited: int | None = None,
     ) -> list[Job]:
         """Claim up to ``limit`` ready jobs (with ``handlers``: only theirs, or with
         ``exclude`` only others'). A claim that deadlocked is run again; one that still does
-        claims nothing this time (the transaction was rolled back whole)."""
+        claims nothing this time (the transaction was rolled back whole).
+
+        With limits, the jobs under none are claimed as without, and then, when room is left
+        and :meth:`poke_limits` said so or ``LIMITED_POLL_SECONDS`` passed, those under
+        limits, by a claim that counts (:func:`scheduler._store.limits.claim`), at most
+        ``limited`` of them (the worker's free threads: a job claimed under a limit holds its
+        place from the claim, so none is prefetched to wait for a thread)."""
+        if not self.limits:
+            return self._claim_plain(limit, handlers, exclude, self.queues, ())
+        queues = tuple(q for q in self.queues if q not in self.limits.queues)
+        found = self._claim_plain(limit, handlers, exclude, queues, self.limits.handlers)
+        room = limit - len(found) if limited is None else min(limit - len(found), limited)
+        if room > 0 and self._limited_due():
+            found += self._claim_limited(room, handlers, exclude)
+        return found
+
+    def poke_limits(self) -> None:
+        """There may be jobs under limits to claim (a wake-up, a finished job): the next
+        claim looks for them."""
+        self._limited_poked = True
+
+    @property
+    def limits_pending(self) -> bool:
+        """Whether a rate held back the last claim under limits: the worker looks again after
+        ``LIMITS_RETRY_SECONDS`` rather than its poll (the window moves on by itself, and
+        nothing wakes it). A full ``concurrency`` waits for a wake-up (one of its own jobs
+        ending) or the poll: looking again and again would only queue on the limit's lock."""
+        return self._rate_held
+
+    def _limited_due(self) -> bool:
+        now = time.monotonic()
+        if not self._limited_poked and now < self._limited_next:
+            return False
+        self._limited_look = not self._limited_busy  # idle: one read before any lock
+        self._limited_poked = False
+        self._limited_next = now + LIMITED_POLL_SECONDS
+        return True
+
+    def _claim_limited(self, limit: int, handlers: Collection[str], exclude: bool) -> list[Job]:
+        if not self._limits_ready:
+            _limits.ensure(self.store, [each.name for each in self.limits.limits])
+            self._limits_ready = True
+        now = self.clock()
+        prune = time.monotonic() - self._pruned_at >= LIMITS_PRUNE_SECONDS
+
+        def ready() -> bool:
+            with self.store.read() as conn:
+                return _limits.any_ready(
+                    conn,
+                    self.limits,
+                    now=now,
+                    queues=self.queues,
+                    handlers=handlers,
+                    exclude=exclude,
+                )
+
+        if self._limited_look and not retry("looking under limits", ready, lost=lambda: True):
+            return []  # nothing ready under a limit: no lock taken, nothing counted
+
+        def attempt() -> tuple[list[Job], int, bool]:
+            with self.store.begin() as conn:
+                found = _limits.claim(
+                    self.store,
+                    conn,
+                    self.limits,
+                    owner=self.owner,
+                    now=now,
+                    lease=self.lease,
+                    want=limit,
+                    queues=self.queues,
+                    handlers=handlers,
+                    exclude=exclude,
+                )
+                if prune:
+                    _limits.prune(conn, self.limits, now)
+                return found
+
+        found, held, by_rate = retry("claim under limits", attempt, lost=lambda: ([], 0, False))
+        if prune:
+            self._pruned_at = time.monotonic()
+        self._limited_busy = bool(found or held)
+        self._rate_held = by_rate
+        if found or held:
+            self._limited_poked = True  # more may be ready, or room may come soon
+        return found
+
+    def _claim_plain(
+        self,
+        limit: int,
+        handlers: Collection[str],
+        exclude: bool,
+        queues: tuple[str, ...],
+        limited: Collection[str],
+    ) -> list[Job]:
+        if not queues:
+            return []
         now = self.clock()
 
         def attempt(after: _jobs.ClaimKey | None) -> list[Job]:
@@ -302,10 +420,11 @@ class Runner:
                     now=now,
                     lease=self.lease,
                     limit=limit,
-                    queues=self.queues,
+                    queues=queues,
                     handlers=handlers,
                     exclude=exclude,
                     after=after,
+                    limited=limited,
                 )
 
         # From where the last claim left off while claims from the front are slow (a held
@@ -793,6 +912,7 @@ class Runner:
         handled = 0
         while limit is None or handled < limit:
             size = batch if limit is None else min(batch, limit - handled)
+            self.poke_limits()
             jobs = self.take_over(limit=size) or self.claim(size)
             if not jobs:
                 break
@@ -818,6 +938,7 @@ class Runner:
         handled = 0
         while limit is None or handled < limit:
             size = 10 if limit is None else min(10, limit - handled)
+            self.poke_limits()
             jobs = await asyncio.to_thread(self.take_over, size) or await asyncio.to_thread(
                 self.claim, size
             )

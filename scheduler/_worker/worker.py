@@ -57,7 +57,7 @@ from .._store.retry import is_transient
 from .._store.status import health as _health
 from .events import EventLoop
 from .recorder import Recorder
-from .runner import CANCELLED, TIMEOUT, Stop
+from .runner import CANCELLED, LIMITS_RETRY_SECONDS, TIMEOUT, Stop
 from .telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -342,7 +342,9 @@ class Worker:
                     self._log_error("worker loop", exc, wait)
                     self._wake.wait(wait)
                     continue
-                self._wake.wait(POLL_SECONDS)
+                held = self.runner.limits_pending  # a limit was full: look again soon
+                if self._wake.wait(LIMITS_RETRY_SECONDS if held else POLL_SECONDS):
+                    self.runner.poke_limits()  # a wake-up or a finished job: look under limits
         finally:
             self._tick_stop.set()
             ticker.join()
@@ -370,6 +372,7 @@ class Worker:
         self._tick()
         while not self._stopping and self.concurrency > 0:  # 0: tick only, run no jobs
             self._wake.clear()
+            self.runner.poke_limits()
             submitted = self._fill(pool)
             with self._lock:
                 # Done only when a fill looked and found nothing: short jobs can finish (and
@@ -447,11 +450,16 @@ class Worker:
         on_loop = sum(1 for job in taken if self._on_loop(job))
         sync_free -= len(taken) - on_loop
         loop_free -= on_loop
+        # Jobs under limits are never prefetched: they hold their place from the claim.
+        threads = max(self.concurrency - self._stuck_threads, 0)
+        with self._lock:
+            sync_threads = max(threads - (len(self._running) - len(self._async)), 0)
+        sync_threads = min(sync_threads, sync_free)
         claimed: list[Job] = []
         unlooked = False  # a kind of job not looked for (no free slot): not "found nothing"
         if self._events is None or not self._async_names:
             if sync_free > 0:
-                claimed = self.runner.claim(sync_free)
+                claimed = self.runner.claim(sync_free, limited=sync_threads)
         elif not self._sync_handlers:
             if loop_free > 0:
                 claimed = self.runner.claim(loop_free)
@@ -461,7 +469,9 @@ class Worker:
             if loop_free > 0:
                 claimed += self.runner.claim(loop_free, handlers=names)
             if sync_free > 0:
-                claimed += self.runner.claim(sync_free, handlers=names, exclude=True)
+                claimed += self.runner.claim(
+                    sync_free, handlers=names, exclude=True, limited=sync_threads
+                )
         self._submit(pool, claimed)
         handed = len(taken) + len(claimed)
         return None if unlooked and not handed else handed

@@ -133,6 +133,8 @@ def job(state: State, job_id: int, as_json: bool) -> None:
     ]
     if found.lease_owner:
         fields.append(("lease", f"{found.lease_owner} until {utc(found.lease_expires_at)}"))
+    if found.waiting_for:
+        fields.append(("waiting for", found.waiting_for))
     width = max(len(key) for key, _ in fields) + 1
     for key, value in fields:
         click.echo(f"{key + ':':<{width}} {value}")

@@ -49,6 +49,8 @@ def job(dash: Dashboard, request: Request) -> Response:
     job_id = request.path_params["job_id"]
     with dash.app.store.read() as conn:
         found = get_job(conn, job_id)
+        if found is not None:  # a ready job a limit holds back says what it waits for
+            found = dash.app.with_waiting(conn, [found])[0]
         runs = history(conn, job_id) if found is not None else []
         zone = _queries.task_timezone(conn, found.task_name) if found is not None else None
     if found is None:
