@@ -122,6 +122,17 @@ def name_problem(value: object) -> str | None:
     return None
 
 
+def queue_problem(value: object) -> str | None:
+    """Why ``value`` cannot name a queue (``pause``, ``resume``), or None."""
+    if not isinstance(value, str) or not value.strip():
+        return "must be a non-empty string"
+    if len(value) > TEXT_LIMITS["queue"]:
+        return f"longer than {TEXT_LIMITS['queue']} characters"
+    if value != value.strip() or _CONTROL.search(value):
+        return "must not have leading or trailing whitespace or control characters"
+    return None
+
+
 # -- tenants -------------------------------------------------------------------------------
 #: A tenant id: 1-63 ASCII letters, digits, ``_`` and ``-``, starting with a letter or digit
 #: (63: PostgreSQL's identifier length, so a tenant can name its schema).

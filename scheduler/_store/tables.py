@@ -252,6 +252,18 @@ workers = Table(
     Column("stuck_attempts", Integer),
 )
 
+QueueName = _UniqueKey(TEXT_LIMITS["queue"])
+
+paused_queues = Table(
+    "scheduler_paused_queues",
+    metadata,
+    Column("queue", QueueName, primary_key=True),
+    Column("paused_at", UTCDateTime, nullable=False),
+    Column("paused_by", String(200), nullable=False),
+    Column("reason", String(500)),
+)
+"""The queues no worker claims from until resumed, one row each (revision 0012)."""
+
 HandlerName = _UniqueKey(TEXT_LIMITS["handler"])
 
 handlers = Table(

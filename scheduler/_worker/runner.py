@@ -30,6 +30,7 @@ from .._model.redact import error_message
 from .._model.rules import ABORTED, QUEUED, SUCCEEDED
 from .._store import Connection, Store
 from .._store import jobs as _jobs
+from .._store import queues as _queues
 from .._store import wakeup as _wakeup
 from .._store.cursor import ClaimCursor
 from .._store.retry import is_transient, retry
@@ -195,13 +196,18 @@ class Runner:
         self.cursor = ClaimCursor(enabled=store.caps.dialect == "postgresql" and len(queues) == 1)
 
     # -- acquiring work ---------------------------------------------------------------
-    def take_over(self, limit: int = 10) -> list[Job]:
-        """Deal with expired leases; return the jobs this runner should now run again."""
+    def take_over(self, limit: int = 10, *, queues: tuple[str, ...] | None = None) -> list[Job]:
+        """Deal with expired leases; return the jobs this runner should now run again.
+        ``queues``: those to look in (default: all of the runner's; the worker leaves out the
+        paused ones)."""
         if not self.cursor.expired_due():  # slow scans: once a second (_store/cursor.py)
+            return []
+        looked = self.queues if queues is None else queues
+        if not looked:
             return []
         now = self.clock()
         with self.store.read() as conn:
-            stale = _jobs.expired(conn, now=now, limit=limit, queues=self.queues)
+            stale = _jobs.expired(conn, now=now, limit=limit, queues=looked)
         rerun: list[Job] = []
         for job in stale:
             handler = self.registry.get(job.handler)
@@ -253,11 +259,20 @@ class Runner:
         return retry(f"{doing} expired job {job.id}", attempt, lost=lambda: False)
 
     def claim(
-        self, limit: int = 1, *, handlers: Collection[str] = (), exclude: bool = False
+        self,
+        limit: int = 1,
+        *,
+        handlers: Collection[str] = (),
+        exclude: bool = False,
+        queues: tuple[str, ...] | None = None,
     ) -> list[Job]:
         """Claim up to ``limit`` ready jobs (with ``handlers``: only theirs, or with
-        ``exclude`` only others'). A claim that deadlocked is run again; one that still does
-        claims nothing this time (the transaction was rolled back whole)."""
+        ``exclude`` only others'; ``queues``: from those only, default all of the runner's).
+        A claim that deadlocked is run again; one that still does claims nothing this time
+        (the transaction was rolled back whole)."""
+        looked = self.queues if queues is None else queues
+        if not looked:
+            return []  # every queue paused: no statement
         now = self.clock()
 
         def attempt(after: _jobs.ClaimKey | None) -> list[Job]:
@@ -269,7 +284,7 @@ class Runner:
                     now=now,
                     lease=self.lease,
                     limit=limit,
-                    queues=self.queues,
+                    queues=looked,
                     handlers=handlers,
                     exclude=exclude,
                     after=after,
@@ -280,6 +295,20 @@ class Runner:
         return self.cursor.claim(
             handlers, exclude, lambda after: retry("claim", lambda: attempt(after), lost=list)
         )
+
+    def paused_queues(self) -> frozenset[str]:
+        """The names of the paused queues (``scheduler pause``), every one of them."""
+
+        def attempt() -> frozenset[str]:
+            with self.store.read() as conn:
+                return _queues.paused_names(conn)
+
+        return retry("reading paused queues", attempt)
+
+    def open_queues(self) -> tuple[str, ...]:
+        """The runner's queues less the paused ones (one read)."""
+        paused = self.paused_queues()
+        return tuple(q for q in self.queues if q not in paused)
 
     def cancels_requested(self, job_ids: list[int]) -> set[int]:
         """Which of ``job_ids`` (held by this runner) an operator asked to cancel."""
@@ -756,9 +785,10 @@ class Runner:
         jobs still waiting are renewed while earlier ones run.
         """
         handled = 0
+        queues = self.open_queues()  # paused queues (`scheduler pause`) are left alone
         while limit is None or handled < limit:
             size = batch if limit is None else min(batch, limit - handled)
-            jobs = self.take_over(limit=size) or self.claim(size)
+            jobs = self.take_over(limit=size, queues=queues) or self.claim(size, queues=queues)
             if not jobs:
                 break
             pending: list[Ending] = []
@@ -781,11 +811,12 @@ class Runner:
         """:meth:`work` for a program whose event loop is running: async handlers run on that
         loop, sync handlers and the database writes in threads. One job at a time."""
         handled = 0
+        queues = await asyncio.to_thread(self.open_queues)
         while limit is None or handled < limit:
             size = 10 if limit is None else min(10, limit - handled)
-            jobs = await asyncio.to_thread(self.take_over, size) or await asyncio.to_thread(
-                self.claim, size
-            )
+            jobs = await asyncio.to_thread(
+                functools.partial(self.take_over, size, queues=queues)
+            ) or await asyncio.to_thread(functools.partial(self.claim, size, queues=queues))
             if not jobs:
                 break
             renewed = time.monotonic()

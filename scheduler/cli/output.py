@@ -170,8 +170,17 @@ def print_health(h: dict[str, Any]) -> None:
     if h.get("unserved"):
         ready = ", ".join(f"{u['handler']} ({u['ready']} ready)" for u in h["unserved"])
         click.echo(f"no live worker runs: {ready}")
+    for paused in h.get("paused_queues", []):
+        click.echo(paused_line(paused))
     for warning in h["warnings"]:
         click.echo(f"warning: {warning}")
+
+
+def paused_line(paused: dict[str, Any]) -> str:
+    """``queue Q paused since T by A: REASON`` (``status``, ``jobs``)."""
+    line = f"queue {paused['queue']} paused since {paused['paused_at']} by {paused['paused_by']}"
+    line += f": {paused['reason']}" if paused["reason"] else ""
+    return line + " (its jobs wait; `scheduler resume` lets workers claim them)"
 
 
 def utc(value: datetime | None) -> str:

@@ -30,6 +30,7 @@ from ..._model.rules import ABORTED, STATES, Thresholds
 from ..._model.time import in_zone, iso
 from .. import handlers as _handlers
 from .. import jobs as _jobs
+from .. import queues as _queues
 from .. import rows as _rows
 from .. import wakeup as _wakeup
 from ..engine import Store
@@ -394,7 +395,10 @@ def _read(
         task_rows = _rows.all_rows(conn, payloads=False) if rows else []
         # A task whose only jobs are backfilled ones shows its newest (rarely any task).
         backfilled = _jobs.latest_states(conn, [r.name for r in task_rows if r.last_job_id is None])
-        agg = _counts.health_figures(conn, now, limits.job_overdue, finished=finished)
+        paused = _queues.paused(conn)
+        agg = _counts.health_figures(
+            conn, now, limits.job_overdue, finished=finished, paused=[p.queue for p in paused]
+        )
         warned = _warned.read(conn, now, limits, limit=limit)
         seen = list(conn.execute(select(workers).order_by(workers.c.started_at)))
         waiting_jobs = unserved and int(agg.waiting) > 0
@@ -450,6 +454,7 @@ def _read(
             "last_tick_at": iso(facts.last_tick),
             "last_finished_at": iso(last_finished),
             "unserved": [{"handler": name, "ready": count} for name, count in unrun.items()],
+            "paused_queues": [p.as_dict() for p in paused],
             "workers": [
                 {
                     "id": w.id,

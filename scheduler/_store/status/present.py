@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, case, func, select
 
 from ..._model.rules import ABORTED, CLAIMED, QUEUED, SUCCEEDED
-from ..tables import jobs, runs
+from ..tables import jobs, paused_queues, runs
 
 RUNNING_LIMIT = 500
 THROUGHPUT_WINDOW = timedelta(hours=1)
@@ -58,6 +58,8 @@ class QueueCounts:
     running: int = 0  # claimed
     succeeded: int = 0  # finished in the last hour
     failed: int = 0  # ended aborted in the last hour
+    paused: bool = False  # an operator paused it (`scheduler pause`): no worker claims from it
+    paused_reason: str | None = None
 
     @property
     def per_minute(self) -> float:
@@ -66,7 +68,8 @@ class QueueCounts:
 
 
 def queues(conn: Connection, now: datetime) -> list[QueueCounts]:
-    """Every queue that has an active job or a job finished in the last hour, by name."""
+    """Every queue that has an active job or a job finished in the last hour, or is paused, by
+    name."""
     found: dict[str, QueueCounts] = {}
 
     def line(queue: str) -> QueueCounts:
@@ -98,6 +101,9 @@ def queues(conn: Connection, now: datetime) -> list[QueueCounts]:
             line(queue).succeeded += int(count)
         else:
             line(queue).failed += int(count)
+    for paused in conn.execute(select(paused_queues.c.queue, paused_queues.c.reason)):
+        line(paused.queue).paused = True
+        line(paused.queue).paused_reason = paused.reason
     return [found[q] for q in sorted(found)]
 
 
