@@ -26,6 +26,7 @@ from ._model.rules import (
     one_line,
     overlap_problem,
     tenant_problem,
+    timeout_problem,
 )
 from ._store.settings import (
     DEFAULT_URL,
@@ -315,7 +316,19 @@ def _task(t: Keys, name: str, settings: SchedulerSettings) -> TaskSpec:
         catchup_window=t.integer("catchup_window", 0),
         jitter=t.integer("jitter", 0),
         tenant=tenant,
+        timeout=_task_timeout(t),
     )
+
+
+def _task_timeout(t: Keys) -> float | None:
+    """A task's ``timeout``: absent (its handler's), 0 (no limit) or positive seconds."""
+    if "timeout" not in t.data:
+        return None
+    value = t.data["timeout"]
+    problem = timeout_problem(value)
+    if problem is not None:
+        raise t.error("timeout", problem)
+    return float(value)
 
 
 def _overlap(t: Keys) -> str | None:
@@ -339,6 +352,7 @@ def _tasks(data: list[Any], path: str, settings: SchedulerSettings) -> tuple[Tas
         "catchup_window": 0,
         "jitter": 0,
         "tenant": None,
+        "timeout": None,
     }
     seen: dict[str, int] = {}
     specs = []

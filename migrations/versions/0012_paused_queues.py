@@ -1,11 +1,15 @@
-"""Paused queues.
+"""Paused queues and a task's timeout.
 
 - ``scheduler_paused_queues``: one row per queue an operator paused (``scheduler pause``):
   when, by whom and why. Workers claim nothing from these queues until the row is deleted
   (``scheduler resume``); the tick still dispatches into them. The name is compared exactly on
   every engine (a binary collation on MariaDB).
+- ``scheduler_rows.timeout``: seconds one attempt of the task's jobs may run, which wins
+  over its handler's ``timeout``; NULL (every row written before this revision): the
+  handler's; 0: no limit.
 
-The table is new: the upgrade rewrites no row. The downgrade drops it (every queue resumes).
+The table is new and the column nullable: the upgrade rewrites no row. The downgrade drops
+both (every queue resumes; tasks go back to their handlers' timeouts).
 
 Revision ID: 0012
 Revises: 0011
@@ -33,7 +37,11 @@ def upgrade() -> None:
         sa.Column("paused_by", sa.String(200), nullable=False),
         sa.Column("reason", sa.String(500), nullable=True),
     )
+    with op.batch_alter_table("scheduler_rows") as batch:
+        batch.add_column(sa.Column("timeout", sa.Double, nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("scheduler_rows") as batch:
+        batch.drop_column("timeout")
     op.drop_table("scheduler_paused_queues")

@@ -51,6 +51,9 @@ class TaskSpec:
     group: str | None = None
     """The group of a task created at runtime (``put_task``, ``put_tasks(group=...)``): at most
     200 characters; a task of the file has none."""
+    timeout: float | None = None
+    """Seconds one attempt of the task's jobs may run, over its handler's ``timeout``; None:
+    the handler's; 0: no limit."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,8 @@ class TaskRow:
     """Who owns the row: ``file`` (the TOML file, ``sync``) or ``api`` (``put_task``)."""
     group: str | None = None
     """An ``api`` row's group (``put_tasks(group=...)``)."""
+    timeout: float | None = None
+    """Seconds one attempt of its jobs may run (over the handler's); None: the handler's."""
 
 
 @dataclass

@@ -188,9 +188,23 @@ def seconds_problem(value: Any) -> str | None:
     return None
 
 
+def timeout_problem(value: Any) -> str | None:
+    """Why ``value`` is not a task's ``timeout`` (None, 0 or a positive number of seconds)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"expected a number of seconds (0 for no limit), got {value!r}"
+    if not math.isfinite(value) or value < 0:
+        return f"must be a positive number of seconds (0 for no limit), got {value!r}"
+    return None
+
+
 def check_policies(task: Any) -> None:
     """The run policies of a task built in Python, checked as the TOML loader checks them:
     a ``ConfigError`` naming the task and the key."""
+    problem = timeout_problem(getattr(task, "timeout", None))
+    if problem is not None:
+        raise ConfigError(f"task {task.name!r}: key 'timeout': {problem}")
     contradiction = overlap_problem(getattr(task, "overlap", None), task.concurrent)
     if contradiction is not None:
         raise ConfigError(f"task {task.name!r}: key {contradiction[0]!r}: {contradiction[1]}")

@@ -11,6 +11,7 @@ from sqlalchemy import (
     Column,
     DateTime,
     Dialect,
+    Double,
     Float,
     Index,
     Integer,
@@ -195,6 +196,9 @@ rows = Table(
     # Who owns the row (revision 0008): "file" (sync) or "api" (put_task); an api row's group.
     Column("source", String(8), nullable=False, server_default="file"),
     Column("task_group", UniqueKey),
+    # Seconds one attempt of the task's jobs may run, over its handler's (revision 0012):
+    # NULL: the handler's; 0: no limit.
+    Column("timeout", Double),
     # The due query's order, id included (revision 0007): a burst's rows share one
     # next_run_at, and its keyset pagination goes on from (next_run_at, id).
     Index("ix_scheduler_rows_due", "enabled", "next_run_at", "id"),

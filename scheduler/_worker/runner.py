@@ -31,6 +31,7 @@ from .._model.rules import ABORTED, QUEUED, SUCCEEDED
 from .._store import Connection, Store
 from .._store import jobs as _jobs
 from .._store import queues as _queues
+from .._store import rows as _rows
 from .._store import wakeup as _wakeup
 from .._store.cursor import ClaimCursor
 from .._store.retry import is_transient, retry
@@ -304,6 +305,15 @@ class Runner:
                 return _queues.paused_names(conn)
 
         return retry("reading paused queues", attempt)
+
+    def task_timeouts(self, names: list[str]) -> dict[str, float]:
+        """The ``timeout`` of each of the tasks ``names`` that has one (0: no limit)."""
+
+        def attempt() -> dict[str, float]:
+            with self.store.read() as conn:
+                return _rows.task_timeouts(conn, names)
+
+        return retry("reading the tasks' timeouts", attempt)
 
     def open_queues(self) -> tuple[str, ...]:
         """The runner's queues less the paused ones (one read)."""

@@ -497,11 +497,30 @@ class Worker:
     def _on_loop(self, job: Job) -> bool:
         return self._events is not None and job.handler in self._async_names
 
-    def _submit(self, pool: ThreadPoolExecutor, jobs: list[Job]) -> None:
+    def _limits(self, jobs: list[Job]) -> dict[int, float | None]:
+        """Each job's timeout: its task's ``timeout`` when the task has one (0: none), else
+        its handler's. The tasks' are read at the claim (one statement, only when jobs of
+        tasks were claimed); should that read fail, the handlers' apply this time."""
         timeouts = self._timeouts
+        limits = {job.id: timeouts.get(job.handler) for job in jobs}
+        names = [job.task_name for job in jobs if job.task_name is not None]
+        if not names:
+            return limits
+        try:
+            tasks = self.runner.task_timeouts(names)
+        except Exception as exc:  # the jobs are claimed: they run, with their handlers' limits
+            self._log_error("reading the tasks' timeouts", exc, None)
+            return limits
+        for job in jobs:
+            if job.task_name in tasks:
+                limits[job.id] = tasks[job.task_name] or None
+        return limits
+
+    def _submit(self, pool: ThreadPoolExecutor, jobs: list[Job]) -> None:
+        limits = self._limits(jobs) if jobs else {}
         for job in jobs:
             # Every attempt can be stopped (an operator's cancel); some have a timeout.
-            stop = Stop(timeouts.get(job.handler) if timeouts else None)
+            stop = Stop(limits.get(job.id))
             with self._lock:
                 self._stops[job.id] = (job, stop)
                 if self._events is not None and self._on_loop(job):
@@ -533,7 +552,7 @@ class Worker:
     def _enforce(self, now: float) -> float | None:
         """One pass over the running attempts; returns when the next deadline is due."""
         grace = self.settings.cancel_grace
-        timed_out: list[Job] = []
+        timed_out: list[tuple[Job, float]] = []
         to_fence: list[tuple[Job, Stop]] = []
         watched: list[int] = []  # running long enough to look for a cancel
         next_at: float | None = None
@@ -548,7 +567,7 @@ class Worker:
                 if not stop.requested:
                     if now >= stop.deadline:
                         stop.request(TIMEOUT)
-                        timed_out.append(job)
+                        timed_out.append((job, stop.timeout or 0.0))
                     due = stop.deadline + (grace if now >= stop.deadline else 0)
                 elif now >= stop.deadline + grace:
                     to_fence.append((job, stop))
@@ -556,8 +575,7 @@ class Worker:
                 else:
                     due = stop.deadline + grace
                 next_at = due if next_at is None else min(next_at, due)
-        for job in timed_out:
-            timeout = self._timeouts.get(job.handler, 0.0)
+        for job, timeout in timed_out:
             text = f"job {job.id} ({job.handler}) ran past its timeout of {timeout:g}s: stopping it"
             _log(logging.WARNING, "job_timeout", text, job_id=job.id)
             self._ask(job)

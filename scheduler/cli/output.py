@@ -38,9 +38,11 @@ def print_explain(data: dict[str, Any]) -> None:
             f", {key} {data[key]}" for key in ("group", "tenant") if data.get(key) is not None
         )
         click.echo(f"owner: {owner}{extra}")
+    timeout = p.get("timeout")
+    shown = "" if timeout is None else f", timeout {f'{timeout:g} s' if timeout else 'none'}"
     click.echo(
         f"policies: overlap {p['overlap']}, catchup_window {window}, jitter {jitter},"
-        f" max_consecutive_failures {limit}; cron {p['cron']!r} in {p['timezone']}"
+        f" max_consecutive_failures {limit}{shown}; cron {p['cron']!r} in {p['timezone']}"
     )
     utc_only = p["timezone"] == "UTC"  # one column: the same instants
     click.echo(f"\nnext fires ({'UTC' if utc_only else p['timezone'] + ' | UTC'}):")

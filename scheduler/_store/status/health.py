@@ -176,6 +176,7 @@ def _row(row: TaskRow, backfilled: str | None = None) -> dict[str, Any]:
         "overlap": row.overlap,  # the run policies (docs/reference/toml.md)
         "catchup_window": row.catchup_window,
         "jitter": row.jitter,
+        "timeout": row.timeout,  # None: the handler's; 0: no limit
         # The last run aborted; consecutive_failures counts it at the next
         # slot (docs/explanation/tick.md).
         "failing": failing,
