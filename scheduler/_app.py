@@ -235,8 +235,13 @@ class Scheduler:
         abandoned: AbandonedHook | None = None,
         queue: str = "default",
         timeout: float | None = None,
+        isolation: str = "thread",
     ) -> Callable[[F], F]:
         """Register the decorated callable as the handler called ``name``.
+
+        ``isolation``: ``"thread"`` (the default) or ``"process"``: each attempt runs in a
+        child process (a sync function at a module's top level), sent SIGTERM when stopped
+        and killed after ``[worker] cancel_grace``; a bad value raises ``ValueError``.
 
         ``timeout``: seconds one attempt may run (None or 0: no limit). At the limit a worker
         asks the attempt to stop (an ``async def`` handler is cancelled; a sync one sees
@@ -249,6 +254,7 @@ class Scheduler:
             abandoned=abandoned,
             queue=queue,
             timeout=timeout,
+            isolation=isolation,
         )
 
     def tenant_context(self, factory: TenantContext) -> TenantContext:
@@ -1154,6 +1160,7 @@ class Scheduler:
             coroutine_runner=self._run_coroutine,
             recorded=self.recorded_hooks,
             error_messages=w.error_messages,
+            cancel_grace=w.cancel_grace,
         )
 
     def _run_coroutine(self, coro: Coroutine[Any, Any, _T]) -> _T:

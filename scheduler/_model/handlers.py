@@ -42,6 +42,10 @@ class Handler:
 
     ``func`` may be an ``async def`` function (``is_async``): the worker runs it on its event
     loop, ``app.work()`` on a loop of its own.
+
+    ``isolation``: ``"thread"`` (the default) or ``"process"``: each attempt in a child process
+    that is sent SIGTERM when the attempt is stopped and killed after ``cancel_grace``
+    (``scheduler/_worker/isolation.py``); a sync function defined at a module's top level.
     """
 
     name: str
@@ -52,10 +56,36 @@ class Handler:
     queue: str = "default"
     is_async: bool = field(default=False, compare=False)
     timeout: float | None = None
+    isolation: str = "thread"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "is_async", is_async_callable(self.func))
         object.__setattr__(self, "timeout", check_timeout(self.timeout, self.name))
+        check_isolation(self.isolation, self.name)
+        if self.isolation == "process":
+            qualname = getattr(self.func, "__qualname__", "")
+            if self.is_async:
+                raise ValueError(
+                    f"handler {self.name[:40]!r}: isolation 'process' is for sync functions,"
+                    " not async def ones (cancel those with a timeout)"
+                )
+            if "<" in qualname or not getattr(self.func, "__module__", None):
+                raise ValueError(
+                    f"handler {self.name[:40]!r}: isolation 'process' needs a function defined"
+                    f" at the top level of an importable module, got {qualname or self.func!r}"
+                )
+
+
+ISOLATIONS = ("thread", "process")
+
+
+def check_isolation(value: object, handler: str) -> None:
+    """A handler's ``isolation``: ``"thread"`` or ``"process"``; else ``ValueError`` naming
+    the handler and the key."""
+    if value not in ISOLATIONS:
+        raise ValueError(
+            f"handler {handler[:40]!r}: isolation must be 'thread' or 'process', got {value!r}"
+        )
 
 
 def check_timeout(value: object, handler: str) -> float | None:
@@ -101,13 +131,15 @@ class Registry:
         abandoned: AbandonedHook | None = None,
         queue: str = "default",
         timeout: float | None = None,
+        isolation: str = "thread",
     ) -> Callable[[F], F]:
         """Register the decorated callable as ``name`` (as ``Scheduler.handler`` does)."""
         check_timeout(timeout, name)  # at the decorator's call, before any function is seen
+        check_isolation(isolation, name)
 
         def register(func: F) -> F:
             handler = Handler(name, func, retry_safe, max_attempts, abandoned, queue)
-            self.add(dataclasses.replace(handler, timeout=timeout))
+            self.add(dataclasses.replace(handler, timeout=timeout, isolation=isolation))
             return func
 
         return register

@@ -35,6 +35,7 @@ from .._store import rows as _rows
 from .._store import wakeup as _wakeup
 from .._store.cursor import ClaimCursor
 from .._store.retry import is_transient, retry
+from . import isolation as _isolation
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +177,11 @@ class Runner:
         coroutine_runner: CoroutineRunner | None = None,
         recorded: list[RecordedHook] | None = None,
         error_messages: str = "none",
+        cancel_grace: float = 10.0,
     ) -> None:
         self.store = store
+        #: Seconds a stopped process-isolated attempt has before its child is killed.
+        self.cancel_grace = cancel_grace
         #: What a failed run keeps of the exception's message ([worker] error_messages).
         self.error_messages = error_messages
         #: Called after each commit of outcomes with the (job, outcome) pairs it wrote (the
@@ -401,7 +405,11 @@ class Runner:
                 problem = self._enter_tenant(stack, job)
                 if problem is not None:
                     return self._context_failed(job, problem, started)
-                result = handler.func(running)
+                if handler.isolation == "process":  # in a child process (isolation.py)
+                    _isolation.call(handler, running, stop, self.cancel_grace)
+                    result = None
+                else:
+                    result = handler.func(running)
                 if inspect.isawaitable(result):
                     return self._returned_awaitable(job, result, started)
         except Snooze as exc:
