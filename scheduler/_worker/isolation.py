@@ -1,11 +1,16 @@
 """``isolation = "process"``: one attempt of a handler in a child process that can be killed.
 
-The child is started with multiprocessing's ``spawn`` method: a fresh interpreter that
-imports the handler's module by name and calls the module-level function. Not ``fork``: the
-worker has threads (the heartbeat, the tick, the job threads) and pooled database connections,
-and a forked child would inherit their locks and sockets mid-use. The child never touches the
-database (the worker renews the job's lease while it runs, and writes its outcome), so it
-works alike on SQLite, PostgreSQL and MariaDB; a spawn costs tens of milliseconds per attempt.
+The child is started with multiprocessing's ``forkserver`` method: a single-threaded server
+process (started at the first such attempt, importing the worker's main module once) forks
+each child, which imports the handler's module by name and calls the module-level function.
+Not ``fork`` of the worker itself: the worker has threads (the heartbeat, the tick, the job
+threads) and pooled database connections, and a child forked from it would inherit their
+locks and sockets mid-use. Not ``spawn``: a fresh interpreter per attempt re-imports the main
+module each time (measured about 1.5x slower in ``benchmarks/isolation.py``). The child never
+touches the database (the worker renews the job's lease while it runs, and writes its
+outcome), so it works alike on SQLite, PostgreSQL and MariaDB. Starting a child costs from
+tens of milliseconds to a few tenths of a second per attempt (more when the worker's process
+has much imported): process isolation is for jobs that run for seconds or more.
 
 Inside, the handler gets a :class:`ChildJob` with the job API of a thread's handler:
 ``payload``, ``slot``, ``attempt``, ``heartbeat()``, ``cancel_requested`` and ``check()``.
@@ -108,7 +113,7 @@ def call(handler: Handler, running: RunningJob, stop: Stop | None, grace: float)
             "slot",
         )
     }
-    context = multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
     receiving, sending = context.Pipe(duplex=False)
     child = context.Process(
         target=_child,
