@@ -32,7 +32,7 @@ import pickle
 import signal
 import time
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import Cancelled
 
@@ -40,7 +40,13 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
     from .._model.handlers import Handler
-    from .runner import RunningJob, Stop
+
+
+class Stopped(Protocol):
+    """What :func:`call` reads of the attempt's stop (``runner.Stop``)."""
+
+    requested: bool
+
 
 POLL_SECONDS = 0.02  # how often the worker's thread looks at the child and the stop
 EXIT_WAIT_SECONDS = 5.0  # a child that answered: how long to wait for it to exit
@@ -94,10 +100,10 @@ def where(handler: Handler) -> tuple[str, str]:
     return module, name
 
 
-def call(handler: Handler, running: RunningJob, stop: Stop | None, grace: float) -> None:
-    """Run ``handler`` on ``running``'s job in a child process; return when it returned,
-    raise what it raised. Stopped: SIGTERM, then SIGKILL after ``grace`` seconds, and
-    :class:`~scheduler.Cancelled` here."""
+def call(handler: Handler, running: Any, stop: Stopped | None, grace: float) -> None:
+    """Run ``handler`` on ``running``'s job (a ``RunningJob``) in a child process; return
+    when it returned, raise what it raised. Stopped: SIGTERM, then SIGKILL after ``grace``
+    seconds, and :class:`~scheduler.Cancelled` here."""
     module, name = where(handler)
     fields = {
         key: getattr(running, key)

@@ -54,7 +54,7 @@ class Dashboard:
 
     def status(self) -> dict[str, Any]:
         """``_health.overview()``, computed at most once per refresh interval for all viewers:
-        four statements, a few milliseconds at 10,000 tasks and a million jobs; one at a time,
+        three statements, a few milliseconds at 10,000 tasks and a million jobs; one at a time,
         the others wait for it and share its result. The finished states' counts are not in it:
         :attr:`finished` takes them in the background."""
         with self._status_lock:

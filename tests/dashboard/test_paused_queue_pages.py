@@ -46,7 +46,7 @@ def test_the_queues_and_health_pages_show_a_paused_queue(app: Scheduler) -> None
     app.pause_queue("idle", reason="no jobs yet")  # listed though it has no job
     app.enqueue("reports", run_at=T0 - timedelta(hours=1))
     page = c.get("/queues").text
-    assert 'title="no jobs yet">paused</span>' in _row(page, "idle")
+    assert ">paused</span>" in _row(page, "idle")
     assert "paused" not in _row(page, "reports")
     health = c.get("/health").text
     assert "overdue" in health and "work has stalled" in health  # before the pause

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import Float, case, cast, func, select, type_coerce
 
 from ..._model.rules import ABORTED, CLAIMED, QUEUED, STATES, SUCCEEDED
-from ..tables import UTCDateTime, jobs, runs
+from ..tables import UTCDateTime, jobs, paused_queues, runs
 from ..tables import rows as task_rows
 
 LIVE = (QUEUED, CLAIMED)  # few: counted exactly on every read
@@ -44,7 +44,7 @@ def health_figures(
     the highest id is the latest within a few seconds), and whether any row is enabled.
 
     ``paused``: the paused queues, whose waiting jobs are neither overdue nor stalled (the
-    statement is unchanged while no queue is paused)."""
+    statement is unchanged while no queue is paused); ``any_paused`` says whether one is."""
     overdue_at = now - timedelta(seconds=overdue_after)
     queued, ready = jobs.c.state == QUEUED, jobs.c.run_at <= now
     late = queued if not paused else queued & jobs.c.queue.not_in(sorted(paused))
@@ -67,6 +67,7 @@ def health_figures(
         .limit(1)
         .scalar_subquery()
         .label("any_enabled"),
+        select(paused_queues.c.queue).limit(1).scalar_subquery().label("any_paused"),
     )
     return conn.execute(stmt).one()
 

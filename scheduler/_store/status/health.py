@@ -396,10 +396,12 @@ def _read(
         task_rows = _rows.all_rows(conn, payloads=False) if rows else []
         # A task whose only jobs are backfilled ones shows its newest (rarely any task).
         backfilled = _jobs.latest_states(conn, [r.name for r in task_rows if r.last_job_id is None])
-        paused = _queues.paused(conn)
-        agg = _counts.health_figures(
-            conn, now, limits.job_overdue, finished=finished, paused=[p.queue for p in paused]
-        )
+        agg = _counts.health_figures(conn, now, limits.job_overdue, finished=finished)
+        paused = _queues.paused(conn) if agg.any_paused is not None else []
+        if paused:  # rarely: read again, their waiting jobs neither overdue nor stalled
+            agg = _counts.health_figures(
+                conn, now, limits.job_overdue, finished=finished, paused=[p.queue for p in paused]
+            )
         warned = _warned.read(conn, now, limits, limit=limit)
         seen = list(conn.execute(select(workers).order_by(workers.c.started_at)))
         waiting_jobs = unserved and int(agg.waiting) > 0

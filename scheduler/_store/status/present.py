@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, func, select
+from sqlalchemy import Connection, Integer, String, and_, case, func, literal, select, union_all
 
 from ..._model.rules import ABORTED, CLAIMED, QUEUED, SUCCEEDED
 from ..tables import jobs, paused_queues, runs
+
+PAUSED = "paused"  # not a job state: the line of a paused queue in :func:`queues`' statement
 
 RUNNING_LIMIT = 500
 THROUGHPUT_WINDOW = timedelta(hours=1)
@@ -59,7 +61,6 @@ class QueueCounts:
     succeeded: int = 0  # finished in the last hour
     failed: int = 0  # ended aborted in the last hour
     paused: bool = False  # an operator paused it (`scheduler pause`): no worker claims from it
-    paused_reason: str | None = None
 
     @property
     def per_minute(self) -> float:
@@ -81,8 +82,14 @@ def queues(conn: Connection, now: datetime) -> list[QueueCounts]:
         .where(jobs.c.state.in_([QUEUED, CLAIMED]))
         .group_by(jobs.c.state, jobs.c.queue)
     )
-    for state, queue, ready, count in conn.execute(active):
-        if state == QUEUED:
+    # The paused queues ride in the same statement: a line each, state PAUSED.
+    paused = select(
+        literal(PAUSED, String(16)), paused_queues.c.queue, literal(0, Integer), literal(0, Integer)
+    )
+    for state, queue, ready, count in conn.execute(union_all(active, paused)):
+        if state == PAUSED:
+            line(queue).paused = True
+        elif state == QUEUED:
             line(queue).ready += int(ready or 0)
             line(queue).scheduled += int(count) - int(ready or 0)
         else:
@@ -101,9 +108,6 @@ def queues(conn: Connection, now: datetime) -> list[QueueCounts]:
             line(queue).succeeded += int(count)
         else:
             line(queue).failed += int(count)
-    for paused in conn.execute(select(paused_queues.c.queue, paused_queues.c.reason)):
-        line(paused.queue).paused = True
-        line(paused.queue).paused_reason = paused.reason
     return [found[q] for q in sorted(found)]
 
 
