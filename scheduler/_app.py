@@ -41,10 +41,12 @@ from ._store import handlers as _handlers
 from ._store import jobs as _jobs
 from ._store import limits as _limits
 from ._store import migrate as _migrate
+from ._store import queues as _queues
 from ._store import rows as _rows
 from ._store import wakeup as _wakeup
 from ._store.audit import AuditEntry
 from ._store.caller import CallerTransaction, adopt
+from ._store.queues import PausedQueue
 from ._store.retry import retry
 from ._store.settings import (
     DatabaseSettings,
@@ -244,11 +246,15 @@ class Scheduler:
         queue: str = "default",
         timeout: float | None = None,
         limits: Iterable[str] = (),
+        isolation: str = "thread",
     ) -> Callable[[F], F]:
         """Register the decorated callable as the handler called ``name``.
 
         ``limits``: the names of limits (``Scheduler(limits=...)``, ``[[limits]]``) its jobs
         are under, beside those that name the handler or its queue themselves.
+        ``isolation``: ``"thread"`` (the default) or ``"process"``: each attempt runs in a
+        child process (a sync function at a module's top level), sent SIGTERM when stopped
+        and killed after ``[worker] cancel_grace``; a bad value raises ``ValueError``.
 
         ``timeout``: seconds one attempt may run (None or 0: no limit). At the limit a worker
         asks the attempt to stop (an ``async def`` handler is cancelled; a sync one sees
@@ -262,6 +268,7 @@ class Scheduler:
             queue=queue,
             timeout=timeout,
             limits=limits,
+            isolation=isolation,
         )
 
     def limit_set(self, *, check: bool = True) -> LimitSet:
@@ -1019,6 +1026,58 @@ class Scheduler:
 
         return self._write(f"{action}_job", write, connection)
 
+    def pause_queue(
+        self,
+        queue: str,
+        *,
+        reason: str | None = None,
+        actor: str | None = None,
+        connection: Any = None,
+    ) -> bool:
+        """Pause ``queue``: every worker stops claiming its jobs within a second (running jobs
+        finish; the tick still dispatches into it) until :meth:`resume_queue`. Kept in the
+        database; audited (target ``queue NAME``). False if it was paused already (nothing
+        audited; a new ``reason`` replaces the old one)."""
+        _check_queue(queue)
+        who, why = _audit.check(actor, reason)
+
+        def write(conn: Any) -> bool:
+            now = self.clock()
+            paused = _queues.pause(conn, queue, now=now, actor=who, reason=why)
+            if paused:
+                target = f"queue {queue}"
+                _audit.record(conn, now=now, actor=who, action="pause", target=target, reason=why)
+            return paused
+
+        return self._write(f"pause {queue}", write, connection)
+
+    def resume_queue(
+        self,
+        queue: str,
+        *,
+        reason: str | None = None,
+        actor: str | None = None,
+        connection: Any = None,
+    ) -> bool:
+        """Let workers claim from ``queue`` again (within a second); audited. False if it was
+        not paused (nothing changed, nothing audited)."""
+        _check_queue(queue)
+        who, why = _audit.check(actor, reason)
+
+        def write(conn: Any) -> bool:
+            resumed = _queues.resume(conn, queue)
+            if resumed:
+                now, target = self.clock(), f"queue {queue}"
+                _audit.record(conn, now=now, actor=who, action="resume", target=target, reason=why)
+            return resumed
+
+        return self._write(f"resume {queue}", write, connection)
+
+    def paused_queues(self) -> list[PausedQueue]:
+        """The paused queues, by name: each with ``paused_at``, ``paused_by`` and ``reason``."""
+        with self.store.read() as conn:
+            return _queues.paused(conn)
+
     def jobs(
         self,
         *,
@@ -1150,6 +1209,7 @@ class Scheduler:
             recorded=self.recorded_hooks,
             error_messages=w.error_messages,
             limits=self.limit_set(),
+            cancel_grace=w.cancel_grace,
         )
 
     def _run_coroutine(self, coro: Coroutine[Any, Any, _T]) -> _T:
@@ -1288,6 +1348,12 @@ class Scheduler:
                 self._events = None
         self._hub.close()
         self.store.dispose()
+
+
+def _check_queue(queue: object) -> None:
+    """``ValueError`` naming the queue when it cannot be one (before anything is written)."""
+    if (problem := _rules.queue_problem(queue)) is not None:
+        raise ValueError(f"queue {queue!r}: {problem}")
 
 
 def _job_target(name: str | None) -> int | None:

@@ -31,6 +31,7 @@ from ._model.rules import (
     probe_intervals_problem,
     recovery_problem,
     tenant_problem,
+    timeout_problem,
 )
 from ._store.settings import (
     DEFAULT_URL,
@@ -322,6 +323,7 @@ def _task(t: Keys, name: str, settings: SchedulerSettings) -> TaskSpec:
         jitter=t.integer("jitter", 0),
         tenant=tenant,
         **_recovery(t),
+        timeout=_task_timeout(t),
     )
 
 
@@ -336,6 +338,17 @@ def _recovery(t: Keys) -> dict[str, Any]:
     if problem is not None:
         raise t.error("probe_intervals", problem)
     return {"recovery": recovery, "probe_intervals": tuple(float(v) for v in intervals)}
+
+
+def _task_timeout(t: Keys) -> float | None:
+    """A task's ``timeout``: absent (its handler's), 0 (no limit) or positive seconds."""
+    if "timeout" not in t.data:
+        return None
+    value = t.data["timeout"]
+    problem = timeout_problem(value)
+    if problem is not None:
+        raise t.error("timeout", problem)
+    return float(value)
 
 
 def _overlap(t: Keys) -> str | None:
@@ -361,6 +374,7 @@ def _tasks(data: list[Any], path: str, settings: SchedulerSettings) -> tuple[Tas
         "tenant": None,
         "recovery": "manual",
         "probe_intervals": list(PROBE_INTERVALS),
+        "timeout": None,
     }
     seen: dict[str, int] = {}
     specs = []

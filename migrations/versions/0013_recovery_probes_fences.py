@@ -9,7 +9,7 @@
 Existing rows get ``manual`` and 0: the upgrade changes no behaviour.
 
 Revision ID: 0013
-Revises: 0011
+Revises: 0012
 Create Date: 2026-12-06
 """
 
@@ -21,7 +21,7 @@ from alembic import op
 from scheduler._store.tables import UTCDateTime
 
 revision = "0013"
-down_revision = "0011"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 

@@ -42,6 +42,10 @@ class Handler:
 
     ``func`` may be an ``async def`` function (``is_async``): the worker runs it on its event
     loop, ``app.work()`` on a loop of its own.
+
+    ``isolation``: ``"thread"`` (the default) or ``"process"``: each attempt in a child process
+    that is sent SIGTERM when the attempt is stopped and killed after ``cancel_grace``
+    (``scheduler/_worker/isolation.py``); a sync function defined at a module's top level.
     """
 
     name: str
@@ -53,10 +57,36 @@ class Handler:
     is_async: bool = field(default=False, compare=False)
     timeout: float | None = None
     limits: tuple[str, ...] = ()  # the names of the limits its jobs are under ([[limits]])
+    isolation: str = "thread"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "is_async", is_async_callable(self.func))
         object.__setattr__(self, "timeout", check_timeout(self.timeout, self.name))
+        check_isolation(self.isolation, self.name)
+        if self.isolation == "process":
+            qualname = getattr(self.func, "__qualname__", "")
+            if self.is_async:
+                raise ValueError(
+                    f"handler {self.name[:40]!r}: isolation 'process' is for sync functions,"
+                    " not async def ones (cancel those with a timeout)"
+                )
+            if "<" in qualname or not getattr(self.func, "__module__", None):
+                raise ValueError(
+                    f"handler {self.name[:40]!r}: isolation 'process' needs a function defined"
+                    f" at the top level of an importable module, got {qualname or self.func!r}"
+                )
+
+
+ISOLATIONS = ("thread", "process")
+
+
+def check_isolation(value: object, handler: str) -> None:
+    """A handler's ``isolation``: ``"thread"`` or ``"process"``; else ``ValueError`` naming
+    the handler and the key."""
+    if value not in ISOLATIONS:
+        raise ValueError(
+            f"handler {handler[:40]!r}: isolation must be 'thread' or 'process', got {value!r}"
+        )
 
 
 def check_limit_names(value: object, handler: str) -> tuple[str, ...]:
@@ -115,14 +145,18 @@ class Registry:
         queue: str = "default",
         timeout: float | None = None,
         limits: Iterable[str] = (),
+        isolation: str = "thread",
     ) -> Callable[[F], F]:
         """Register the decorated callable as ``name`` (as ``Scheduler.handler`` does)."""
         check_timeout(timeout, name)  # at the decorator's call, before any function is seen
         names = check_limit_names(limits, name)
+        check_isolation(isolation, name)
 
         def register(func: F) -> F:
             handler = Handler(name, func, retry_safe, max_attempts, abandoned, queue)
-            self.add(dataclasses.replace(handler, timeout=timeout, limits=names))
+            self.add(
+                dataclasses.replace(handler, timeout=timeout, limits=names, isolation=isolation)
+            )
             return func
 
         return register

@@ -56,6 +56,9 @@ class TaskSpec:
     "probe" (a probe runs after each of ``probe_intervals``; the first success re-enables it)."""
     probe_intervals: tuple[float, ...] = (900.0, 3600.0, 14400.0)
     """Seconds before each probe (``recovery = "probe"``); the last one repeats."""
+    timeout: float | None = None
+    """Seconds one attempt of the task's jobs may run, over its handler's ``timeout``; None:
+    the handler's; 0: no limit."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,8 @@ class TaskRow:
     """While a disabled row is probing: when its next probe runs (None: not probing)."""
     probes: int = 0
     """The probes run since the failure limit disabled the row."""
+    timeout: float | None = None
+    """Seconds one attempt of its jobs may run (over the handler's); None: the handler's."""
 
 
 @dataclass

@@ -122,6 +122,17 @@ def name_problem(value: object) -> str | None:
     return None
 
 
+def queue_problem(value: object) -> str | None:
+    """Why ``value`` cannot name a queue (``pause``, ``resume``), or None."""
+    if not isinstance(value, str) or not value.strip():
+        return "must be a non-empty string"
+    if len(value) > TEXT_LIMITS["queue"]:
+        return f"longer than {TEXT_LIMITS['queue']} characters"
+    if value != value.strip() or _CONTROL.search(value):
+        return "must not have leading or trailing whitespace or control characters"
+    return None
+
+
 # -- tenants -------------------------------------------------------------------------------
 #: A tenant id: 1-63 ASCII letters, digits, ``_`` and ``-``, starting with a letter or digit
 #: (63: PostgreSQL's identifier length, so a tenant can name its schema).
@@ -207,9 +218,23 @@ def probe_intervals_problem(value: Any) -> str | None:
     return None
 
 
+def timeout_problem(value: Any) -> str | None:
+    """Why ``value`` is not a task's ``timeout`` (None, 0 or a positive number of seconds)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"expected a number of seconds (0 for no limit), got {value!r}"
+    if not math.isfinite(value) or value < 0:
+        return f"must be a positive number of seconds (0 for no limit), got {value!r}"
+    return None
+
+
 def check_policies(task: Any) -> None:
     """The run policies of a task built in Python, checked as the TOML loader checks them:
     a ``ConfigError`` naming the task and the key."""
+    problem = timeout_problem(getattr(task, "timeout", None))
+    if problem is not None:
+        raise ConfigError(f"task {task.name!r}: key 'timeout': {problem}")
     contradiction = overlap_problem(getattr(task, "overlap", None), task.concurrent)
     if contradiction is not None:
         raise ConfigError(f"task {task.name!r}: key {contradiction[0]!r}: {contradiction[1]}")

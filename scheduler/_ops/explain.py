@@ -53,6 +53,7 @@ def policies(row: TaskRow, global_limit: int) -> dict[str, Any]:
         "overlap": row.overlap,
         "catchup_window": row.catchup_window,
         "jitter": row.jitter,
+        "timeout": row.timeout,  # None: the handler's; 0: no limit
         "max_consecutive_failures": global_limit if limit is None else limit,
         "recovery": row.recovery,
         "cron": row.cron,

@@ -27,7 +27,17 @@ DETAIL_LIMIT = 1000
 DEFAULT_LIMIT = _limits.AUDIT_LIMIT
 
 #: The actions that write an entry.
-ACTIONS = ("enable", "disable", "trigger", "sync", "retry", "cancel", "backfill")
+ACTIONS = (
+    "enable",
+    "disable",
+    "trigger",
+    "sync",
+    "retry",
+    "cancel",
+    "backfill",
+    "pause",
+    "resume",
+)
 
 
 @dataclass(frozen=True)

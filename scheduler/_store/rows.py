@@ -84,7 +84,27 @@ def _view(r: Any) -> TaskRow:
         recovery=m["recovery"],
         probe_at=m["probe_at"],
         probes=m["probes"],
+        timeout=m["timeout"],
     )
+
+
+def _timeout(task: Any) -> float | None:
+    """A task's ``timeout`` as stored (a float; None: its handler's)."""
+    value = getattr(task, "timeout", None)
+    return None if value is None else float(value)
+
+
+def task_timeouts(conn: Connection, names: Iterable[str]) -> dict[str, float]:
+    """The ``timeout`` of each of the tasks ``names`` that has one (0: no limit)."""
+    wanted = sorted(set(names))
+    if not wanted:
+        return {}
+    found = conn.execute(
+        select(rows.c.name, rows.c.timeout).where(
+            rows.c.name.in_(wanted), rows.c.timeout.is_not(None)
+        )
+    )
+    return {name: float(timeout) for name, timeout in found}
 
 
 def get_row(conn: Connection, name: str) -> TaskRow | None:
@@ -235,7 +255,7 @@ _DISABLED_BY = {FILE: REASON_CONFIG, API: REASON_API}
 # The columns a task's definition sets, compared in this order against the stored row.
 _DEFINITION: tuple[str, ...] = ("handler", "payload", "cron", "timezone", "concurrent")
 _DEFINITION += ("max_consecutive_failures", "tenant", "overlap", "catchup_window", "jitter")
-_DEFINITION += ("task_group", "recovery", "probe_intervals")
+_DEFINITION += ("timeout", "task_group", "recovery", "probe_intervals")
 # A change of one of these moves ``next_run_at``.
 _SCHEDULE = ("cron", "timezone", "jitter")
 # Not next_run_at: converting 100,000 instants costs a re-sync a fifth of its time, and only a
@@ -486,6 +506,7 @@ def apply(
             task.policy,
             task.catchup_window,
             task.jitter,
+            _timeout(task),
             task_group,
             getattr(task, "recovery", MANUAL),
             _probes.encode_intervals(getattr(task, "probe_intervals", PROBE_INTERVALS)),

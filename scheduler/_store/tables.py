@@ -11,6 +11,7 @@ from sqlalchemy import (
     Column,
     DateTime,
     Dialect,
+    Double,
     Float,
     Index,
     Integer,
@@ -207,6 +208,9 @@ rows = Table(
     Column("probe_at", UTCDateTime),
     Column("probes", Integer, nullable=False, server_default="0"),
     Column("recovery_alert", String(500)),
+    # Seconds one attempt of the task's jobs may run, over its handler's (revision 0012):
+    # NULL: the handler's; 0: no limit.
+    Column("timeout", Double),
     # The due query's order, id included (revision 0007): a burst's rows share one
     # next_run_at, and its keyset pagination goes on from (next_run_at, id).
     Index("ix_scheduler_rows_due", "enabled", "next_run_at", "id"),
@@ -265,6 +269,18 @@ workers = Table(
     # Attempts fenced after their timeout whose handler has not returned (revision 0011).
     Column("stuck_attempts", Integer),
 )
+
+QueueName = _UniqueKey(TEXT_LIMITS["queue"])
+
+paused_queues = Table(
+    "scheduler_paused_queues",
+    metadata,
+    Column("queue", QueueName, primary_key=True),
+    Column("paused_at", UTCDateTime, nullable=False),
+    Column("paused_by", String(200), nullable=False),
+    Column("reason", String(500)),
+)
+"""The queues no worker claims from until resumed, one row each (revision 0012)."""
 
 HandlerName = _UniqueKey(TEXT_LIMITS["handler"])
 

@@ -32,9 +32,12 @@ from .._model.rules import ABORTED, QUEUED, SUCCEEDED
 from .._store import Connection, Store
 from .._store import jobs as _jobs
 from .._store import limits as _limits
+from .._store import queues as _queues
+from .._store import rows as _rows
 from .._store import wakeup as _wakeup
 from .._store.cursor import ClaimCursor
 from .._store.retry import is_transient, retry
+from . import isolation as _isolation
 
 log = logging.getLogger(__name__)
 
@@ -215,8 +218,11 @@ class Runner:
         recorded: list[RecordedHook] | None = None,
         error_messages: str = "none",
         limits: LimitSet | None = None,
+        cancel_grace: float = 10.0,
     ) -> None:
         self.store = store
+        #: Seconds a stopped process-isolated attempt has before its child is killed.
+        self.cancel_grace = cancel_grace
         #: The limits every worker shares: their jobs are claimed apart (_store/limits.py).
         self.limits = limits or LimitSet()
         self._limited_poked = True
@@ -245,13 +251,18 @@ class Runner:
         self.cursor = ClaimCursor(enabled=store.caps.dialect == "postgresql" and len(queues) == 1)
 
     # -- acquiring work ---------------------------------------------------------------
-    def take_over(self, limit: int = 10) -> list[Job]:
-        """Deal with expired leases; return the jobs this runner should now run again."""
+    def take_over(self, limit: int = 10, *, queues: tuple[str, ...] | None = None) -> list[Job]:
+        """Deal with expired leases; return the jobs this runner should now run again.
+        ``queues``: those to look in (default: all of the runner's; the worker leaves out the
+        paused ones)."""
         if not self.cursor.expired_due():  # slow scans: once a second (_store/cursor.py)
+            return []
+        looked = self.queues if queues is None else queues
+        if not looked:
             return []
         now = self.clock()
         with self.store.read() as conn:
-            stale = _jobs.expired(conn, now=now, limit=limit, queues=self.queues)
+            stale = _jobs.expired(conn, now=now, limit=limit, queues=looked)
         rerun: list[Job] = []
         for job in stale:
             handler = self.registry.get(job.handler)
@@ -310,6 +321,7 @@ class Runner:
         handlers: Collection[str] = (),
         exclude: bool = False,
         limited: int | None = None,
+        queues: tuple[str, ...] | None = None,
     ) -> list[Job]:
         """Claim up to ``limit`` ready jobs (with ``handlers``: only theirs, or with
         ``exclude`` only others'). A claim that deadlocked is run again; one that still does
@@ -319,14 +331,16 @@ class Runner:
         and :meth:`poke_limits` said so or ``LIMITED_POLL_SECONDS`` passed, those under
         limits, by a claim that counts (:func:`scheduler._store.limits.claim`), at most
         ``limited`` of them (the worker's free threads: a job claimed under a limit holds its
-        place from the claim, so none is prefetched to wait for a thread)."""
+        place from the claim, so none is prefetched to wait for a thread). ``queues``: from
+        those only (the queues not paused), default all of the runner's."""
+        looked = self.queues if queues is None else queues
         if not self.limits:
-            return self._claim_plain(limit, handlers, exclude, self.queues, ())
-        queues = tuple(q for q in self.queues if q not in self.limits.queues)
-        found = self._claim_plain(limit, handlers, exclude, queues, self.limits.handlers)
+            return self._claim_plain(limit, handlers, exclude, looked, ())
+        plain = tuple(q for q in looked if q not in self.limits.queues)
+        found = self._claim_plain(limit, handlers, exclude, plain, self.limits.handlers)
         room = limit - len(found) if limited is None else min(limit - len(found), limited)
-        if room > 0 and self._limited_due():
-            found += self._claim_limited(room, handlers, exclude)
+        if room > 0 and looked and self._limited_due():
+            found += self._claim_limited(room, handlers, exclude, looked)
         return found
 
     def poke_limits(self) -> None:
@@ -351,7 +365,9 @@ class Runner:
         self._limited_next = now + LIMITED_POLL_SECONDS
         return True
 
-    def _claim_limited(self, limit: int, handlers: Collection[str], exclude: bool) -> list[Job]:
+    def _claim_limited(
+        self, limit: int, handlers: Collection[str], exclude: bool, queues: tuple[str, ...]
+    ) -> list[Job]:
         if not self._limits_ready:
             _limits.ensure(self.store, [each.name for each in self.limits.limits])
             self._limits_ready = True
@@ -364,7 +380,7 @@ class Runner:
                     conn,
                     self.limits,
                     now=now,
-                    queues=self.queues,
+                    queues=queues,
                     handlers=handlers,
                     exclude=exclude,
                 )
@@ -382,7 +398,7 @@ class Runner:
                     now=now,
                     lease=self.lease,
                     want=limit,
-                    queues=self.queues,
+                    queues=queues,
                     handlers=handlers,
                     exclude=exclude,
                 )
@@ -408,7 +424,7 @@ class Runner:
         limited: Collection[str],
     ) -> list[Job]:
         if not queues:
-            return []
+            return []  # every queue paused (or all under limits): no statement
         now = self.clock()
 
         def attempt(after: _jobs.ClaimKey | None) -> list[Job]:
@@ -432,6 +448,29 @@ class Runner:
         return self.cursor.claim(
             handlers, exclude, lambda after: retry("claim", lambda: attempt(after), lost=list)
         )
+
+    def paused_queues(self) -> frozenset[str]:
+        """The names of the paused queues (``scheduler pause``), every one of them."""
+
+        def attempt() -> frozenset[str]:
+            with self.store.read() as conn:
+                return _queues.paused_names(conn)
+
+        return retry("reading paused queues", attempt)
+
+    def task_timeouts(self, names: list[str]) -> dict[str, float]:
+        """The ``timeout`` of each of the tasks ``names`` that has one (0: no limit)."""
+
+        def attempt() -> dict[str, float]:
+            with self.store.read() as conn:
+                return _rows.task_timeouts(conn, names)
+
+        return retry("reading the tasks' timeouts", attempt)
+
+    def open_queues(self) -> tuple[str, ...]:
+        """The runner's queues less the paused ones (one read)."""
+        paused = self.paused_queues()
+        return tuple(q for q in self.queues if q not in paused)
 
     def cancels_requested(self, job_ids: list[int]) -> set[int]:
         """Which of ``job_ids`` (held by this runner) an operator asked to cancel."""
@@ -514,7 +553,11 @@ class Runner:
                 problem = self._enter_tenant(stack, job)
                 if problem is not None:
                     return self._context_failed(job, problem, started)
-                result = handler.func(running)
+                if handler.isolation == "process":  # in a child process (isolation.py)
+                    _isolation.call(handler, running, stop, self.cancel_grace)
+                    result = None
+                else:
+                    result = handler.func(running)
                 if inspect.isawaitable(result):
                     return self._returned_awaitable(job, result, started)
         except Snooze as exc:
@@ -910,10 +953,11 @@ class Runner:
         jobs still waiting are renewed while earlier ones run.
         """
         handled = 0
+        queues = self.open_queues()  # paused queues (`scheduler pause`) are left alone
         while limit is None or handled < limit:
             size = batch if limit is None else min(batch, limit - handled)
             self.poke_limits()
-            jobs = self.take_over(limit=size) or self.claim(size)
+            jobs = self.take_over(limit=size, queues=queues) or self.claim(size, queues=queues)
             if not jobs:
                 break
             pending: list[Ending] = []
@@ -936,12 +980,13 @@ class Runner:
         """:meth:`work` for a program whose event loop is running: async handlers run on that
         loop, sync handlers and the database writes in threads. One job at a time."""
         handled = 0
+        queues = await asyncio.to_thread(self.open_queues)
         while limit is None or handled < limit:
             size = 10 if limit is None else min(10, limit - handled)
             self.poke_limits()
-            jobs = await asyncio.to_thread(self.take_over, size) or await asyncio.to_thread(
-                self.claim, size
-            )
+            jobs = await asyncio.to_thread(
+                functools.partial(self.take_over, size, queues=queues)
+            ) or await asyncio.to_thread(functools.partial(self.claim, size, queues=queues))
             if not jobs:
                 break
             renewed = time.monotonic()

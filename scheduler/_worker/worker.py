@@ -81,6 +81,7 @@ MAX_TICK_OFFSET = 0.05  # seconds: the spread of the workers' tick offsets (see 
 CANCEL_WAIT_SECONDS = 10.0  # after the grace: how long cancelled async jobs get to record
 CANCEL_LOOK_SECONDS = 1.0  # look for operators' cancels of running jobs at most this often
 CANCEL_LOOK_AFTER = 0.5  # only for attempts running at least this long (no read for short jobs)
+PAUSED_LOOK_SECONDS = 0.9  # read the paused queues at most this often (every poll: < 1 s old)
 
 
 def import_handlers(modules: Iterable[str], folder: str | None = None) -> None:
@@ -176,6 +177,10 @@ class Worker:
         self._stuck_threads = 0  # those of them on a thread (not on the loop)
         self._timeouts: dict[str, float] = {}  # the handlers' with a timeout (read at start)
         self._stopper_wake = threading.Event()  # an attempt with a deadline started, or stop
+        # The worker's queues less the paused ones, read at most every PAUSED_LOOK_SECONDS.
+        self._queues: tuple[str, ...] = tuple(self.runner.queues)
+        self._paused: frozenset[str] = frozenset()
+        self._next_paused_look = float("-inf")  # time.monotonic() of the next read
 
     def run(self, *, once: bool = False, install_signals: bool = False) -> WorkerResult:
         """Work until stopped; with ``once``: take over, tick, run what is ready, return."""
@@ -445,7 +450,8 @@ class Worker:
         free = sync_free + loop_free
         if free <= 0 or self._stopping:
             return None
-        taken = self._take_over(free)
+        queues = self._claimable()
+        taken = self._take_over(free, queues)
         self._submit(pool, taken)  # before claiming: a failed claim must not strand them
         on_loop = sum(1 for job in taken if self._on_loop(job))
         sync_free -= len(taken) - on_loop
@@ -459,24 +465,24 @@ class Worker:
         unlooked = False  # a kind of job not looked for (no free slot): not "found nothing"
         if self._events is None or not self._async_names:
             if sync_free > 0:
-                claimed = self.runner.claim(sync_free, limited=sync_threads)
+                claimed = self.runner.claim(sync_free, limited=sync_threads, queues=queues)
         elif not self._sync_handlers:
             if loop_free > 0:
-                claimed = self.runner.claim(loop_free)
+                claimed = self.runner.claim(loop_free, queues=queues)
         else:
             names = self._async_names
             unlooked = loop_free <= 0 or sync_free <= 0
             if loop_free > 0:
-                claimed += self.runner.claim(loop_free, handlers=names)
+                claimed += self.runner.claim(loop_free, handlers=names, queues=queues)
             if sync_free > 0:
                 claimed += self.runner.claim(
-                    sync_free, handlers=names, exclude=True, limited=sync_threads
+                    sync_free, handlers=names, exclude=True, limited=sync_threads, queues=queues
                 )
         self._submit(pool, claimed)
         handed = len(taken) + len(claimed)
         return None if unlooked and not handed else handed
 
-    def _take_over(self, free: int) -> list[Job]:
+    def _take_over(self, free: int, queues: tuple[str, ...]) -> list[Job]:
         """Jobs of stopped workers to run again: looked for at most once per ``POLL_SECONDS``
         (a lease that expired is found within it, as at the poll), so that a claim woken by a
         new job, or by a finished one, does not wait for that read first."""
@@ -484,16 +490,60 @@ class Worker:
         if now < self._next_takeover:
             return []
         self._next_takeover = now + POLL_SECONDS * 0.9  # the next poll finds it due
-        return self.runner.take_over(limit=free)
+        return self.runner.take_over(limit=free, queues=queues)
+
+    def _claimable(self) -> tuple[str, ...]:
+        """The worker's queues less the paused ones (``scheduler pause``): the set is read at
+        most once per ``PAUSED_LOOK_SECONDS`` (one small read at a poll), so a pause is
+        honoured within a second. A failed read keeps the last set (the claim fails alike)."""
+        now = time.monotonic()
+        if now >= self._next_paused_look:
+            self._next_paused_look = now + PAUSED_LOOK_SECONDS
+            paused = self.runner.paused_queues()
+            if paused != self._paused:
+                self._paused_changed(paused)
+        return self._queues
+
+    def _paused_changed(self, paused: frozenset[str]) -> None:
+        mine = self.runner.queues
+        now_paused = sorted((paused - self._paused) & set(mine))
+        resumed = sorted((self._paused - paused) & set(mine))
+        self._paused = paused
+        self._queues = tuple(q for q in mine if q not in paused)
+        if now_paused:
+            text = f"queue(s) {', '.join(now_paused)} paused: claiming nothing from them"
+            _log(logging.INFO, "queues_paused", text, queues=now_paused)
+        if resumed:
+            text = f"queue(s) {', '.join(resumed)} resumed"
+            _log(logging.INFO, "queues_resumed", text, queues=resumed)
 
     def _on_loop(self, job: Job) -> bool:
         return self._events is not None and job.handler in self._async_names
 
-    def _submit(self, pool: ThreadPoolExecutor, jobs: list[Job]) -> None:
+    def _limits(self, jobs: list[Job]) -> dict[int, float | None]:
+        """Each job's timeout: its task's ``timeout`` when the task has one (0: none), else
+        its handler's. The tasks' are read at the claim (one statement, only when jobs of
+        tasks were claimed); should that read fail, the handlers' apply this time."""
         timeouts = self._timeouts
+        limits = {job.id: timeouts.get(job.handler) for job in jobs}
+        names = [job.task_name for job in jobs if job.task_name is not None]
+        if not names:
+            return limits
+        try:
+            tasks = self.runner.task_timeouts(names)
+        except Exception as exc:  # the jobs are claimed: they run, with their handlers' limits
+            self._log_error("reading the tasks' timeouts", exc, None)
+            return limits
+        for job in jobs:
+            if job.task_name in tasks:
+                limits[job.id] = tasks[job.task_name] or None
+        return limits
+
+    def _submit(self, pool: ThreadPoolExecutor, jobs: list[Job]) -> None:
+        limits = self._limits(jobs) if jobs else {}
         for job in jobs:
             # Every attempt can be stopped (an operator's cancel); some have a timeout.
-            stop = Stop(timeouts.get(job.handler) if timeouts else None)
+            stop = Stop(limits.get(job.id))
             with self._lock:
                 self._stops[job.id] = (job, stop)
                 if self._events is not None and self._on_loop(job):
@@ -525,7 +575,7 @@ class Worker:
     def _enforce(self, now: float) -> float | None:
         """One pass over the running attempts; returns when the next deadline is due."""
         grace = self.settings.cancel_grace
-        timed_out: list[Job] = []
+        timed_out: list[tuple[Job, float]] = []
         to_fence: list[tuple[Job, Stop]] = []
         watched: list[int] = []  # running long enough to look for a cancel
         next_at: float | None = None
@@ -540,7 +590,7 @@ class Worker:
                 if not stop.requested:
                     if now >= stop.deadline:
                         stop.request(TIMEOUT)
-                        timed_out.append(job)
+                        timed_out.append((job, stop.timeout or 0.0))
                     due = stop.deadline + (grace if now >= stop.deadline else 0)
                 elif now >= stop.deadline + grace:
                     to_fence.append((job, stop))
@@ -548,8 +598,7 @@ class Worker:
                 else:
                     due = stop.deadline + grace
                 next_at = due if next_at is None else min(next_at, due)
-        for job in timed_out:
-            timeout = self._timeouts.get(job.handler, 0.0)
+        for job, timeout in timed_out:
             text = f"job {job.id} ({job.handler}) ran past its timeout of {timeout:g}s: stopping it"
             _log(logging.WARNING, "job_timeout", text, job_id=job.id)
             self._ask(job)

@@ -1,5 +1,5 @@
-"""The operators' commands about jobs: ``jobs``, ``job``, ``retry``, ``cancel``, ``backfill``,
-``audit`` (docs/howto/operate.md)."""
+"""The operators' commands about jobs: ``jobs``, ``job``, ``retry``, ``cancel``, ``pause``,
+``resume``, ``backfill``, ``audit`` (docs/howto/operate.md)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import click
 
 from .._errors import ConfigError
 from .._model.defaults import AUDIT_LIMIT, BACKFILL_MAX, JOB_STATES, LIST_LIMIT
+from .._model.job import Job
 from .._model.time import in_zone, iso
 from ._group import State, audited, cli, pass_state, unknown_handlers, users_of
-from .output import job_dict, table, utc
+from .output import job_dict, paused_line, table, utc
 
 
 def _parse_instant(value: str, option: str) -> datetime:
@@ -65,29 +66,36 @@ def jobs(
     as_json: bool,
 ) -> None:
     """List jobs, newest first (--task reads the task's index: fast at any size)."""
-    found = state.open().jobs(
+    app = state.open()
+    found = app.jobs(
         state=job_state, task=task, handler=handler, queue=queue, tenant=tenant, limit=limit
     )
+    paused = {p.queue: p for p in app.paused_queues()}
     if as_json:
-        click.echo(json.dumps({"jobs": [job_dict(j) for j in found]}, indent=2))
+        shown = [p.as_dict() for p in paused.values()]
+        click.echo(
+            json.dumps({"jobs": [job_dict(j) for j in found], "paused_queues": shown}, indent=2)
+        )
         return
     if not found:
         click.echo("no jobs")
-        return
-    lines = [
-        [
-            str(j.id),
-            j.task_name or "-",
-            j.handler,
-            j.queue,
-            j.state,
-            f"{j.attempts}/{j.max_attempts}",
-            utc(j.finished_at if j.finished_at is not None else j.run_at),
-            j.last_error_code or "-",
-        ]
-        for j in found
+    else:
+        table(JOBS_HEADER, [_job_line(j, j.queue in paused) for j in found])
+    for name in sorted(({j.queue for j in found} | {queue or ""}) & paused.keys()):
+        click.echo(paused_line(paused[name].as_dict()))
+
+
+def _job_line(j: Job, paused: bool) -> list[str]:
+    return [
+        str(j.id),
+        j.task_name or "-",
+        j.handler,
+        f"{j.queue} (paused)" if paused else j.queue,
+        j.state,
+        f"{j.attempts}/{j.max_attempts}",
+        utc(j.finished_at if j.finished_at is not None else j.run_at),
+        j.last_error_code or "-",
     ]
-    table(JOBS_HEADER, lines)
 
 
 RUNS_HEADER = "RUN|ATTEMPT|STARTED (UTC)|FINISHED (UTC)|OUTCOME|ERROR|WORKER"
@@ -221,6 +229,31 @@ def cancel_command(
         )
         return
     click.echo(f"job {found.id} cancelled: aborted with code {found.last_error_code}")
+
+
+@cli.command(name="pause")
+@click.argument("queue", metavar="QUEUE")
+@audited
+@pass_state
+def pause_command(state: State, queue: str, reason: str | None, actor: str | None) -> None:
+    """Pause QUEUE: every worker stops claiming its jobs within a second (running jobs
+    finish); ticks still dispatch into it. Kept in the database until `resume`."""
+    if state.open().pause_queue(queue, reason=reason, actor=actor):
+        click.echo(f"queue {queue} paused: workers claim none of its jobs until `resume {queue}`")
+    else:
+        click.echo(f"queue {queue} was paused already")
+
+
+@cli.command(name="resume")
+@click.argument("queue", metavar="QUEUE")
+@audited
+@pass_state
+def resume_command(state: State, queue: str, reason: str | None, actor: str | None) -> None:
+    """Resume QUEUE: workers claim its jobs again within a second."""
+    if state.open().resume_queue(queue, reason=reason, actor=actor):
+        click.echo(f"queue {queue} resumed")
+    else:
+        click.echo(f"queue {queue} was not paused")
 
 
 @cli.command()

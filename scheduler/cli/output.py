@@ -38,9 +38,11 @@ def print_explain(data: dict[str, Any]) -> None:
             f", {key} {data[key]}" for key in ("group", "tenant") if data.get(key) is not None
         )
         click.echo(f"owner: {owner}{extra}")
+    timeout = p.get("timeout")
+    shown = "" if timeout is None else f", timeout {f'{timeout:g} s' if timeout else 'none'}"
     click.echo(
         f"policies: overlap {p['overlap']}, catchup_window {window}, jitter {jitter},"
-        f" max_consecutive_failures {limit}; cron {p['cron']!r} in {p['timezone']}"
+        f" max_consecutive_failures {limit}{shown}; cron {p['cron']!r} in {p['timezone']}"
     )
     utc_only = p["timezone"] == "UTC"  # one column: the same instants
     click.echo(f"\nnext fires ({'UTC' if utc_only else p['timezone'] + ' | UTC'}):")
@@ -173,8 +175,17 @@ def print_health(h: dict[str, Any]) -> None:
     if h.get("unserved"):
         ready = ", ".join(f"{u['handler']} ({u['ready']} ready)" for u in h["unserved"])
         click.echo(f"no live worker runs: {ready}")
+    for paused in h.get("paused_queues", []):
+        click.echo(paused_line(paused))
     for warning in h["warnings"]:
         click.echo(f"warning: {warning}")
+
+
+def paused_line(paused: dict[str, Any]) -> str:
+    """``queue Q paused since T by A: REASON`` (``status``, ``jobs``)."""
+    line = f"queue {paused['queue']} paused since {paused['paused_at']} by {paused['paused_by']}"
+    line += f": {paused['reason']}" if paused["reason"] else ""
+    return line + " (its jobs wait; `scheduler resume` lets workers claim them)"
 
 
 def utc(value: datetime | None) -> str:

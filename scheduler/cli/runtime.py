@@ -174,6 +174,7 @@ def put_command(
             "max_consecutive_failures": current.max_consecutive_failures,
             "catchup_window": current.catchup_window,
             "jitter": current.jitter,
+            "timeout": current.timeout,
         }
         if "overlap" in given and given["overlap"] != "allow":
             kept["concurrent"] = False  # the new policy, not the alias of the old one

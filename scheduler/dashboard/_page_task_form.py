@@ -14,6 +14,7 @@ which file manages it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Awaitable, Callable
@@ -174,9 +175,11 @@ def _put(
     try:
         spec = _spec(values)
         outcome.zone = spec.timezone or dash.app.settings.timezone
-        found = dash.app.get_row(spec.name) if creating else None
-        if found is not None and found.source == "api":  # a file's: put_task says whose
+        found = dash.app.get_row(spec.name)
+        if creating and found is not None and found.source == "api":  # a file's: put_task says
             raise SchedulerError(f"task {spec.name!r} exists: edit it instead")
+        if not creating and found is not None:  # the form has no field for it: kept
+            spec = dataclasses.replace(spec, timeout=found.timeout)
         outcome.change = dash.app.put_task(spec, dry_run=dry_run, reason=reason or None, actor=user)
     except SchedulerError as exc:
         outcome.errors[_field_of(str(exc))] = str(exc)

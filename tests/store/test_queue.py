@@ -947,7 +947,8 @@ _COMMON = {
     "claim": (1, 1),  # UPDATE ... RETURNING
     "complete (success)": (2, 1),  # guarded UPDATE, history INSERT
     "fail (retry later)": (2, 1),
-    "work(), nothing ready": (2, 2),  # expired-lease SELECT, claim
+    # the paused queues' SELECT (once per call), expired-lease SELECT, claim
+    "work(), nothing ready": (3, 3),
     # due-row SELECT; the probing rows' SELECT (recovery probes: once, then only when one is
     # due, running or a minute passed); record: UPDATE, INSERT
     "tick, idle, first of the process": (4, 3),
@@ -955,7 +956,7 @@ _COMMON = {
     "tick, idle, 5 s later": (2, 2),  # due-row SELECT; the record's UPDATE
     # due-row SELECT; INSERT job + row compare-and-swap + its decision-log entry
     "tick, one row dispatched": (4, 2),
-    "work(), one job": (6, 5),
+    "work(), one job": (7, 6),
 }
 EXPECTED_COUNTS = {
     "sqlite": _COMMON,
@@ -971,7 +972,7 @@ EXPECTED_COUNTS = {
         **_COMMON,
         "enqueue with dedupe key": (2, 1),  # SELECT the active holder, INSERT (no ON CONFLICT)
         "claim": (3, 1),
-        "work(), one job": (8, 5),
+        "work(), one job": (9, 6),
         "tick, one row dispatched": (2, 2),
     },
 }

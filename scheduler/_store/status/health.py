@@ -30,6 +30,7 @@ from ..._model.rules import ABORTED, STATES, Thresholds
 from ..._model.time import in_zone, iso
 from .. import handlers as _handlers
 from .. import jobs as _jobs
+from .. import queues as _queues
 from .. import rows as _rows
 from .. import wakeup as _wakeup
 from ..engine import Store
@@ -178,6 +179,7 @@ def _row(row: TaskRow, backfilled: str | None = None) -> dict[str, Any]:
         "overlap": row.overlap,  # the run policies (docs/reference/toml.md)
         "catchup_window": row.catchup_window,
         "jitter": row.jitter,
+        "timeout": row.timeout,  # None: the handler's; 0: no limit
         # The last run aborted; consecutive_failures counts it at the next
         # slot (docs/explanation/tick.md).
         "failing": failing,
@@ -398,6 +400,11 @@ def _read(
         # A task whose only jobs are backfilled ones shows its newest (rarely any task).
         backfilled = _jobs.latest_states(conn, [r.name for r in task_rows if r.last_job_id is None])
         agg = _counts.health_figures(conn, now, limits.job_overdue, finished=finished)
+        paused = _queues.paused(conn) if agg.any_paused is not None else []
+        if paused:  # rarely: read again, their waiting jobs neither overdue nor stalled
+            agg = _counts.health_figures(
+                conn, now, limits.job_overdue, finished=finished, paused=[p.queue for p in paused]
+            )
         warned = _warned.read(conn, now, limits, limit=limit)
         seen = list(conn.execute(select(workers).order_by(workers.c.started_at)))
         waiting_jobs = unserved and int(agg.waiting) > 0
@@ -453,6 +460,7 @@ def _read(
             "last_tick_at": iso(facts.last_tick),
             "last_finished_at": iso(last_finished),
             "unserved": [{"handler": name, "ready": count} for name, count in unrun.items()],
+            "paused_queues": [p.as_dict() for p in paused],
             "workers": [
                 {
                     "id": w.id,

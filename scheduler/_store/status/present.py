@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, func, select
+from sqlalchemy import Connection, Integer, String, and_, case, func, literal, select, union_all
 
 from ..._model.rules import ABORTED, CLAIMED, QUEUED, SUCCEEDED
-from ..tables import jobs, runs
+from ..tables import jobs, paused_queues, runs
+
+PAUSED = "paused"  # not a job state: the line of a paused queue in :func:`queues`' statement
 
 RUNNING_LIMIT = 500
 THROUGHPUT_WINDOW = timedelta(hours=1)
@@ -58,6 +60,7 @@ class QueueCounts:
     running: int = 0  # claimed
     succeeded: int = 0  # finished in the last hour
     failed: int = 0  # ended aborted in the last hour
+    paused: bool = False  # an operator paused it (`scheduler pause`): no worker claims from it
 
     @property
     def per_minute(self) -> float:
@@ -66,7 +69,8 @@ class QueueCounts:
 
 
 def queues(conn: Connection, now: datetime) -> list[QueueCounts]:
-    """Every queue that has an active job or a job finished in the last hour, by name."""
+    """Every queue that has an active job or a job finished in the last hour, or is paused, by
+    name."""
     found: dict[str, QueueCounts] = {}
 
     def line(queue: str) -> QueueCounts:
@@ -78,8 +82,14 @@ def queues(conn: Connection, now: datetime) -> list[QueueCounts]:
         .where(jobs.c.state.in_([QUEUED, CLAIMED]))
         .group_by(jobs.c.state, jobs.c.queue)
     )
-    for state, queue, ready, count in conn.execute(active):
-        if state == QUEUED:
+    # The paused queues ride in the same statement: a line each, state PAUSED.
+    paused = select(
+        literal(PAUSED, String(16)), paused_queues.c.queue, literal(0, Integer), literal(0, Integer)
+    )
+    for state, queue, ready, count in conn.execute(union_all(active, paused)):
+        if state == PAUSED:
+            line(queue).paused = True
+        elif state == QUEUED:
             line(queue).ready += int(ready or 0)
             line(queue).scheduled += int(count) - int(ready or 0)
         else:
