@@ -149,7 +149,9 @@ def test_eight_workers_never_run_more_than_the_concurrency(
     workers = start_workers(tmp_path, config, WORKERS)
     app = app_for(config)
     try:
-        app.enqueue_many([{"handler": "lim.work", "payload": {"seconds": 0.05}}] * 80)
+        # 80 jobs of 0.25 s under 3 places: ~7 s, past every worker's 5 s look under limits,
+        # so the place is raced for even where one worker's own wake-ups would keep it busy
+        app.enqueue_many([{"handler": "lim.work", "payload": {"seconds": 0.25}}] * 80)
         wait_until(lambda: len(app.jobs(state="succeeded", limit=100)) == 80, 120)
     finally:
         for worker in workers:

@@ -71,6 +71,7 @@ def test_example_file_parses() -> None:
         catchup_window=0,
         jitter=0,
         tenant="acme",
+        timeout=1800.0,
     )
     # "Every key spelled out": each field of TaskSpec is a key of that task in the file.
     spelled = re.search(
