@@ -1038,18 +1038,7 @@ class Scheduler:
         finish; the tick still dispatches into it) until :meth:`resume_queue`. Kept in the
         database; audited (target ``queue NAME``). False if it was paused already (nothing
         audited; a new ``reason`` replaces the old one)."""
-        _check_queue(queue)
-        who, why = _audit.check(actor, reason)
-
-        def write(conn: Any) -> bool:
-            now = self.clock()
-            paused = _queues.pause(conn, queue, now=now, actor=who, reason=why)
-            if paused:
-                target = f"queue {queue}"
-                _audit.record(conn, now=now, actor=who, action="pause", target=target, reason=why)
-            return paused
-
-        return self._write(f"pause {queue}", write, connection)
+        return self._queue_change("pause", queue, reason, actor, connection)
 
     def resume_queue(
         self,
@@ -1061,17 +1050,27 @@ class Scheduler:
     ) -> bool:
         """Let workers claim from ``queue`` again (within a second); audited. False if it was
         not paused (nothing changed, nothing audited)."""
+        return self._queue_change("resume", queue, reason, actor, connection)
+
+    def _queue_change(
+        self, action: str, queue: str, reason: str | None, actor: str | None, connection: Any
+    ) -> bool:
+        """Pause or resume ``queue``, audited when it changed (target ``queue NAME``)."""
         _check_queue(queue)
         who, why = _audit.check(actor, reason)
 
         def write(conn: Any) -> bool:
-            resumed = _queues.resume(conn, queue)
-            if resumed:
-                now, target = self.clock(), f"queue {queue}"
-                _audit.record(conn, now=now, actor=who, action="resume", target=target, reason=why)
-            return resumed
+            now = self.clock()
+            if action == "pause":
+                changed = _queues.pause(conn, queue, now=now, actor=who, reason=why)
+            else:
+                changed = _queues.resume(conn, queue)
+            if changed:
+                target = f"queue {queue}"
+                _audit.record(conn, now=now, actor=who, action=action, target=target, reason=why)
+            return changed
 
-        return self._write(f"resume {queue}", write, connection)
+        return self._write(f"{action} {queue}", write, connection)
 
     def paused_queues(self) -> list[PausedQueue]:
         """The paused queues, by name: each with ``paused_at``, ``paused_by`` and ``reason``."""
