@@ -102,6 +102,8 @@ class TaskRow:
     """While a disabled row is probing: when its next probe runs (None: not probing)."""
     probes: int = 0
     """The probes run since the failure limit disabled the row."""
+    probe_intervals: tuple[float, ...] = (900.0, 3600.0, 14400.0)
+    """Seconds before each probe (``recovery = "probe"``); the last one repeats."""
     timeout: float | None = None
     """Seconds one attempt of its jobs may run (over the handler's); None: the handler's."""
 

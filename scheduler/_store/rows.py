@@ -84,6 +84,7 @@ def _view(r: Any) -> TaskRow:
         recovery=m["recovery"],
         probe_at=m["probe_at"],
         probes=m["probes"],
+        probe_intervals=_probes.decode_intervals(m["probe_intervals"]),
         timeout=m["timeout"],
     )
 

@@ -175,6 +175,8 @@ def put_command(
             "catchup_window": current.catchup_window,
             "jitter": current.jitter,
             "timeout": current.timeout,
+            "recovery": current.recovery,
+            "probe_intervals": current.probe_intervals,
         }
         if "overlap" in given and given["overlap"] != "allow":
             kept["concurrent"] = False  # the new policy, not the alias of the old one

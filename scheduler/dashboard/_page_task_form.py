@@ -178,8 +178,13 @@ def _put(
         found = dash.app.get_row(spec.name)
         if creating and found is not None and found.source == "api":  # a file's: put_task says
             raise SchedulerError(f"task {spec.name!r} exists: edit it instead")
-        if not creating and found is not None:  # the form has no field for it: kept
-            spec = dataclasses.replace(spec, timeout=found.timeout)
+        if not creating and found is not None:  # the form has no field for these: kept
+            spec = dataclasses.replace(
+                spec,
+                timeout=found.timeout,
+                recovery=found.recovery,
+                probe_intervals=found.probe_intervals,
+            )
         outcome.change = dash.app.put_task(spec, dry_run=dry_run, reason=reason or None, actor=user)
     except SchedulerError as exc:
         outcome.errors[_field_of(str(exc))] = str(exc)

@@ -149,3 +149,33 @@ def test_bad_input_is_one_line_and_writes_nothing(db_url_sp: str, tmp_path: Path
         assert reader.rows(limit=None) == before
     finally:
         reader.close()
+
+
+def test_a_change_keeps_what_the_command_has_no_option_for(tmp_path: Path) -> None:
+    """``tasks put NAME --payload ...`` on an existing row keeps its ``timeout``, ``recovery``
+    and ``probe_intervals`` (set through ``put_task``): the command has no option for them."""
+    from scheduler import TaskSpec
+
+    url = f"sqlite:///{tmp_path / 'tasks.db'}"
+    configure(tmp_path, url)
+    ok(run(tmp_path, "migrate"))
+    app = Scheduler(url, registry=Registry())
+    try:
+        app.put_task(
+            TaskSpec(
+                "crm-7",
+                "0 6 * * *",
+                "t.ok",
+                {"v": 1},
+                "UTC",
+                timeout=30,
+                recovery="probe",
+                probe_intervals=(60, 600),
+            )
+        )
+        ok(run(tmp_path, "tasks", "put", "crm-7", "--payload", '{"v": 2}'))
+        row = app.get_row("crm-7")
+        assert row is not None and row.payload == {"v": 2}
+        assert (row.timeout, row.recovery, row.probe_intervals) == (30.0, "probe", (60.0, 600.0))
+    finally:
+        app.close()

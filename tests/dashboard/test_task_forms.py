@@ -165,6 +165,33 @@ def test_edit_changes_only_what_changed_and_the_name_stays(app: Scheduler) -> No
     assert "crm-sync-42 updated: cron." in c.get("/tasks/crm-sync-42").text
 
 
+def test_edit_keeps_what_the_form_has_no_field_for(app: Scheduler) -> None:
+    """A task's ``timeout``, ``recovery`` and ``probe_intervals`` (set through ``put_task``)
+    survive an edit on the form, which has no field for them."""
+    c, csrf = signed_in(app)
+    c.post("/task-new", data=form(csrf))
+    row = app.get_row("crm-sync-42")
+    assert row is not None
+    spec = TaskSpec(
+        row.name,
+        row.cron,
+        row.handler,
+        row.payload,
+        row.timezone,
+        tenant=row.tenant,
+        group=row.group,
+        timeout=30,
+        recovery="probe",
+        probe_intervals=(60, 600),
+    )
+    app.put_task(spec)
+    r = c.post("/task-edit/crm-sync-42", data=form(csrf, cron="0 7 * * *", op="save"))
+    assert r.status_code == 303
+    row = app.get_row("crm-sync-42")
+    assert row is not None and row.cron == "0 7 * * *"
+    assert (row.timeout, row.recovery, row.probe_intervals) == (30.0, "probe", (60.0, 600.0))
+
+
 def test_a_file_task_says_who_manages_it_and_has_no_edit(app: Scheduler) -> None:
     c, csrf = signed_in(app)
     c.post("/task-new", data=form(csrf))

@@ -187,7 +187,18 @@ def test_the_admin_lists_filters_and_changes_tasks_through_the_scheduler(admin_u
             ("crm-sync-43", "globex", "customer-43"),
         ):
             app.put_task(
-                TaskSpec(name, "0 6 * * 1-5", "crm.sync", {}, "UTC", tenant=tenant, group=group)
+                TaskSpec(
+                    name,
+                    "0 6 * * 1-5",
+                    "crm.sync",
+                    {},
+                    "UTC",
+                    tenant=tenant,
+                    group=group,
+                    timeout=30,  # no field on the admin's form: kept by a change there
+                    recovery="probe",
+                    probe_intervals=(60, 600),
+                )
             )
         out = manage(url, "shell", "-c", SCENARIO)
         seen: dict[str, Any] = json.loads(out.split("SEEN ", 1)[1])
@@ -219,6 +230,7 @@ def test_the_admin_lists_filters_and_changes_tasks_through_the_scheduler(admin_u
         assert seen["change_has_save"] and seen["change_status"] == 302
         crm = app.get_row("crm-sync-42")
         assert crm is not None and crm.cron == "0 7 * * 1-5" and app.get_row("ignored") is None
+        assert (crm.timeout, crm.recovery, crm.probe_intervals) == (30.0, "probe", (60.0, 600.0))
         assert seen["file_page"] == 200 and not seen["file_has_save"]
         assert seen["file_messages"][-1] == (
             "tidy is managed by settings.SCHEDULER: change it there and run"

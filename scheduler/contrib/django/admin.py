@@ -62,11 +62,12 @@ class TaskForm(forms.ModelForm):
             self.add_error("payload", f"task {name!r}: key 'payload': expected a JSON object")
             return data
         app = get_scheduler()
-        if not self.instance.pk:
-            found = app.get_row(name)
-            if found is not None and found.source == "api":
-                self.add_error("name", f"task {name!r} exists: change it instead")
-                return data
+        found = app.get_row(name)
+        if not self.instance.pk and found is not None and found.source == "api":
+            self.add_error("name", f"task {name!r} exists: change it instead")
+            return data
+        # What the form has no field for is kept from the row it changes.
+        kept = found if self.instance.pk and found is not None else None
         self.spec = TaskSpec(
             name=name,
             cron=data["cron"],
@@ -80,6 +81,9 @@ class TaskForm(forms.ModelForm):
             max_consecutive_failures=data.get("max_consecutive_failures"),
             tenant=data.get("tenant") or None,
             group=data.get("group") or None,
+            timeout=kept.timeout if kept is not None else None,
+            recovery=kept.recovery if kept is not None else "manual",
+            probe_intervals=kept.probe_intervals if kept is not None else (900.0, 3600.0, 14400.0),
         )
         try:
             app.put_task(self.spec, dry_run=True)
