@@ -89,7 +89,7 @@ def test_a_child_that_ignores_sigterm_in_a_blocking_call_is_killed_after_the_gra
         began = time.monotonic()
         assert wait_until(lambda: _gone(pid), 15)
         killed = time.monotonic() - began
-        assert LIMIT + GRACE - 0.3 <= killed < LIMIT + GRACE + 2.0  # not before the grace
+        assert LIMIT + GRACE - 0.3 <= killed < LIMIT + GRACE + 8.0  # not before the grace; slack
         assert wait_until(lambda: _ended(app, job_id)) == ("aborted", "timeout")
         wait_until(lambda: worker.stuck_threads() == 0)  # its thread came back
 

@@ -80,7 +80,7 @@ def test_a_hung_every_minute_job_holds_its_row_at_most_timeout_plus_grace(
             wait_until(lambda: _job(app, job_id)[0] == "aborted", 10)
             held = time.monotonic() - began
             assert _job(app, job_id) == ("aborted", "timeout")
-            assert LIMIT + GRACE <= held < LIMIT + GRACE + 1.5  # never the handler's minute
+            assert LIMIT + GRACE <= held < LIMIT + GRACE + 8.0  # never the handler's minute
             assert worker.stuck_threads() == 1  # the hung thread, counted
             assert isinstance(app.clock, ManualClock)
             app.clock.set(SLOT + timedelta(minutes=1))  # the next slot: the worker ticks

