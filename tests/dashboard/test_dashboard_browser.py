@@ -172,6 +172,7 @@ def test_click_through_every_page_and_action(browser: Any, site: tuple[Scheduler
     page.click("label.chip:has-text('aborted')")
     page.click("form.filters button")
     assert "state=aborted" in page.url
+    page.locator("tr[data-job] .pill").first.wait_for()  # all_inner_texts() does not wait
     states = page.locator("tr[data-job] .pill").all_inner_texts()
     assert states and set(states) == {"aborted"}
     job_id = app.get_row(HOSTILE).last_job_id  # type: ignore[union-attr]
