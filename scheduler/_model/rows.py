@@ -193,3 +193,14 @@ class DueRow(NamedTuple):
 
 Position = tuple[datetime, int]
 """Where a batch ended, in due order: (``next_run_at``, id)."""
+
+
+UNFORMED = ("timeout", "recovery", "probe_intervals")
+"""A task's settings that the editing forms (the dashboard's, Django's admin, ``tasks put``'s
+options) have no field for."""
+
+
+def unformed(row: TaskRow | None) -> dict[str, Any]:
+    """``row``'s :data:`UNFORMED` settings, for an edit to keep them (none for a new task: the
+    spec's defaults)."""
+    return {} if row is None else {key: getattr(row, key) for key in UNFORMED}

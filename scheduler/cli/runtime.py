@@ -136,7 +136,7 @@ def put_command(
     in UTC. A task of the file cannot be put (its file is its owner).
     """
     from .._errors import ConfigError
-    from .._model.rows import TaskSpec
+    from .._model.rows import TaskSpec, unformed
 
     app = state.open()
     current = app.get_row(name)
@@ -174,9 +174,7 @@ def put_command(
             "max_consecutive_failures": current.max_consecutive_failures,
             "catchup_window": current.catchup_window,
             "jitter": current.jitter,
-            "timeout": current.timeout,
-            "recovery": current.recovery,
-            "probe_intervals": current.probe_intervals,
+            **unformed(current),
         }
         if "overlap" in given and given["overlap"] != "allow":
             kept["concurrent"] = False  # the new policy, not the alias of the old one

@@ -29,7 +29,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from .._errors import ConfigError, SchedulerError
-from .._model.rows import TaskChange, TaskRow, TaskSpec
+from .._model.rows import TaskChange, TaskRow, TaskSpec, unformed
 from .._model.slots import utc_offset
 from .._model.time import in_zone, offset_in
 from . import _actions
@@ -179,12 +179,7 @@ def _put(
         if creating and found is not None and found.source == "api":  # a file's: put_task says
             raise SchedulerError(f"task {spec.name!r} exists: edit it instead")
         if not creating and found is not None:  # the form has no field for these: kept
-            spec = dataclasses.replace(
-                spec,
-                timeout=found.timeout,
-                recovery=found.recovery,
-                probe_intervals=found.probe_intervals,
-            )
+            spec = dataclasses.replace(spec, **unformed(found))
         outcome.change = dash.app.put_task(spec, dry_run=dry_run, reason=reason or None, actor=user)
     except SchedulerError as exc:
         outcome.errors[_field_of(str(exc))] = str(exc)

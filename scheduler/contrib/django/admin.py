@@ -20,7 +20,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from ..._errors import SchedulerError
-from ..._model.rows import TaskSpec
+from ..._model.rows import TaskSpec, unformed
 from . import get_scheduler
 from .models import Task
 
@@ -81,9 +81,7 @@ class TaskForm(forms.ModelForm):
             max_consecutive_failures=data.get("max_consecutive_failures"),
             tenant=data.get("tenant") or None,
             group=data.get("group") or None,
-            timeout=kept.timeout if kept is not None else None,
-            recovery=kept.recovery if kept is not None else "manual",
-            probe_intervals=kept.probe_intervals if kept is not None else (900.0, 3600.0, 14400.0),
+            **unformed(kept),
         )
         try:
             app.put_task(self.spec, dry_run=True)
