@@ -100,11 +100,13 @@ def counter(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
     engine.dispose()
 
 
-def write_config(tmp_path: Path, url: str, keys: str, *, lease: int = 30) -> Path:
+def write_config(
+    tmp_path: Path, url: str, keys: str, *, lease: int = 30, threads: int = 4
+) -> Path:
     path = tmp_path / "app.toml"
     path.write_text(
         f'[database]\nurl = "{url}"\n\n[scheduler]\ntick_interval = 1.0\n\n'
-        f'[worker]\nimports = ["limit_jobs"]\nconcurrency = 4\nlease_seconds = {lease}\n'
+        f'[worker]\nimports = ["limit_jobs"]\nconcurrency = {threads}\nlease_seconds = {lease}\n'
         + LIMITS.format(keys=keys)
     )
     return path
@@ -145,12 +147,14 @@ def app_for(config: Path) -> Scheduler:
 def test_eight_workers_never_run_more_than_the_concurrency(
     db_url: str, tmp_path: Path, counter: Engine
 ) -> None:
-    config = write_config(tmp_path, db_url, "concurrency = 3")
+    # One thread a worker: the three places are held by three workers at least, so the place
+    # is raced for between processes even where one worker's own wake-ups would keep every
+    # place it holds busy (through PgBouncer no notification wakes the others: they poll)
+    config = write_config(tmp_path, db_url, "concurrency = 3", threads=1)
     workers = start_workers(tmp_path, config, WORKERS)
     app = app_for(config)
     try:
-        # 80 jobs of 0.25 s under 3 places: ~7 s, past every worker's 5 s look under limits,
-        # so the place is raced for even where one worker's own wake-ups would keep it busy
+        # 80 jobs of 0.25 s under 3 places: ~7 s
         app.enqueue_many([{"handler": "lim.work", "payload": {"seconds": 0.25}}] * 80)
         wait_until(lambda: len(app.jobs(state="succeeded", limit=100)) == 80, 120)
     finally:
@@ -161,7 +165,7 @@ def test_eight_workers_never_run_more_than_the_concurrency(
     assert len(seen) == 80
     assert max(running for _, running, _ in seen) <= 3
     assert max(running for _, running, _ in seen) == 3, "the limit was never reached: no race"
-    assert len({pid for _, _, pid in seen}) >= 2, "one worker ran everything: no race"
+    assert len({pid for _, _, pid in seen}) >= 3, "fewer workers than places ran: no race"
 
 
 @pytest.mark.slow

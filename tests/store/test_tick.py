@@ -880,8 +880,9 @@ def test_a_mixed_batch_over_several_connections(sched: Scheduler, db_url: str) -
         assert lanes == set()  # one writer at a time
     elif dialect == "postgresql":  # four connections at once, all from the ticking thread
         assert (lanes, len(backends)) == (set(), 4)
-    else:  # four connections: the ticking thread's own and three helper threads
-        assert len(lanes) == 3
+    else:  # the ticking thread's own connection and helper threads': the pool hands a lane
+        # to a thread that is already idle before it starts another, so one to three of them
+        assert 1 <= len(lanes) <= 3
 
 
 def test_a_forked_child_ticks_over_several_connections(pg_url: str) -> None:
