@@ -73,7 +73,7 @@ SLOW_JOB_SECONDS = 0.5  # a job this long stops the prefetch for SLOW_MEMORY_SEC
 SLOW_MEMORY_SECONDS = 60.0
 MAX_CLAIM = 200  # most jobs held at once
 HOUSEKEEPING_SECONDS = 60.0  # purge, undelivered alerts, forgotten worker rows
-PRESENCE_SECONDS = 1.0  # at most one write to scheduler_workers per this many seconds
+PRESENCE_SECONDS = 0.9  # at most one write to scheduler_workers per this many seconds (each poll)
 FORGET_WORKERS_AFTER = timedelta(hours=1)
 BACKOFF_MIN, BACKOFF_MAX = 0.5, 30.0
 START_ATTEMPTS = 5  # a transient database error at start-up is retried (0.5 + 1 + 2 + 4 s)
@@ -81,7 +81,6 @@ MAX_TICK_OFFSET = 0.05  # seconds: the spread of the workers' tick offsets (see 
 CANCEL_WAIT_SECONDS = 10.0  # after the grace: how long cancelled async jobs get to record
 CANCEL_LOOK_SECONDS = 1.0  # look for operators' cancels of running jobs at most this often
 CANCEL_LOOK_AFTER = 0.5  # only for attempts running at least this long (no read for short jobs)
-PAUSED_LOOK_SECONDS = 0.9  # read the paused queues at most this often (every poll: < 1 s old)
 
 
 def import_handlers(modules: Iterable[str], folder: str | None = None) -> None:
@@ -177,10 +176,9 @@ class Worker:
         self._stuck_threads = 0  # those of them on a thread (not on the loop)
         self._timeouts: dict[str, float] = {}  # the handlers' with a timeout (read at start)
         self._stopper_wake = threading.Event()  # an attempt with a deadline started, or stop
-        # The worker's queues less the paused ones, read at most every PAUSED_LOOK_SECONDS.
+        # The worker's queues less the paused ones, learnt at each write of its presence.
         self._queues: tuple[str, ...] = tuple(self.runner.queues)
         self._paused: frozenset[str] = frozenset()
-        self._next_paused_look = float("-inf")  # time.monotonic() of the next read
 
     def run(self, *, once: bool = False, install_signals: bool = False) -> WorkerResult:
         """Work until stopped; with ``once``: take over, tick, run what is ready, return."""
@@ -336,11 +334,11 @@ class Worker:
             while not self._stopping:
                 self._wake.clear()
                 try:
+                    self._touch()  # first: the paused queues come back with it
                     self._fill(pool)
                     if time.monotonic() >= next_housekeeping:
                         next_housekeeping = time.monotonic() + HOUSEKEEPING_SECONDS
                         self._housekeeping()
-                    self._touch()
                     backoff.reset()
                 except Exception as exc:
                     wait = backoff.next()
@@ -493,18 +491,15 @@ class Worker:
         return self.runner.take_over(limit=free, queues=queues)
 
     def _claimable(self) -> tuple[str, ...]:
-        """The worker's queues less the paused ones (``scheduler pause``): the set is read at
-        most once per ``PAUSED_LOOK_SECONDS`` (one small read at a poll), so a pause is
-        honoured within a second. A failed read keeps the last set (the claim fails alike)."""
-        now = time.monotonic()
-        if now >= self._next_paused_look:
-            self._next_paused_look = now + PAUSED_LOOK_SECONDS
-            paused = self.runner.paused_queues()
-            if paused != self._paused:
-                self._paused_changed(paused)
+        """The worker's queues less the paused ones (``scheduler pause``). The paused set
+        comes back with each write of the worker's presence (:meth:`_touch`, at most every
+        ``PRESENCE_SECONDS`` and at every poll), so a pause is honoured within about a
+        second at no statement of its own. A failed write keeps the last set."""
         return self._queues
 
     def _paused_changed(self, paused: frozenset[str]) -> None:
+        if paused == self._paused:
+            return
         mine = self.runner.queues
         now_paused = sorted((paused - self._paused) & set(mine))
         resumed = sorted((self._paused - paused) & set(mine))
@@ -883,7 +878,7 @@ class Worker:
             app = self.app
             offset = app.clock_offset()
             runs = app.registry.names() if self.concurrency > 0 else []  # 0: it runs none
-            _health.touch(
+            paused = _health.touch(
                 app.store,
                 app.worker_id,
                 app.clock(),
@@ -891,8 +886,11 @@ class Worker:
                 clock_offset=offset,
                 handlers=_handlers.names_text(runs),
                 stuck=len(self._stuck),
+                paused=True,
             )
             self._touched = time.monotonic()
+            if paused is not None:
+                self._paused_changed(paused)
 
     def _unregister(self) -> None:
         try:

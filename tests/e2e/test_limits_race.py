@@ -100,9 +100,7 @@ def counter(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
     engine.dispose()
 
 
-def write_config(
-    tmp_path: Path, url: str, keys: str, *, lease: int = 30, threads: int = 4
-) -> Path:
+def write_config(tmp_path: Path, url: str, keys: str, *, lease: int = 30, threads: int = 4) -> Path:
     path = tmp_path / "app.toml"
     path.write_text(
         f'[database]\nurl = "{url}"\n\n[scheduler]\ntick_interval = 1.0\n\n'

@@ -140,3 +140,38 @@ def test_status_shows_it_paused_and_its_waiting_jobs_are_not_stalled(app: Schedu
     app.enqueue("works", run_at=an_hour_ago)
     health = app.status()["health"]
     assert (health["waiting"], health["overdue"], health["stalled"]) == (2, 1, True)
+
+
+def test_a_workers_presence_write_brings_the_paused_queues_back(app: Scheduler) -> None:
+    """A worker learns of pauses from the write of its presence: one statement where the
+    engine has ``UPDATE … RETURNING`` (PostgreSQL, SQLite), a read in the same transaction
+    (MariaDB); the registering write (no row yet) too."""
+    from sqlalchemy import event
+
+    from scheduler._store.status import health
+
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    store = app.store
+    event.listen(store.engine, "before_cursor_execute", seen)
+    try:
+        registered = health.touch(store, "w-1", T0, None, paused=True)  # no row yet: inserted
+        app.pause_queue("reports")
+        app.pause_queue("night shift")
+        statements.clear()
+        found = health.touch(store, "w-1", T0 + timedelta(seconds=1), None, paused=True)
+        writes = list(statements)
+        app.resume_queue("reports")
+        after = health.touch(store, "w-1", T0 + timedelta(seconds=2), None, paused=True)
+        plain = health.touch(store, "w-1", T0 + timedelta(seconds=3), None)
+    finally:
+        event.remove(store.engine, "before_cursor_execute", seen)
+    assert registered == frozenset()
+    assert found == {"reports", "night shift"}
+    assert after == {"night shift"}
+    assert plain is None
+    expected = 1 if store.caps.update_returning else 2
+    assert len(writes) == expected, writes

@@ -15,7 +15,7 @@ from helpers.worker_thread import Running, wait_until
 from scheduler import Scheduler
 from scheduler._config import WorkerSettings
 from scheduler._model.handlers import Registry
-from scheduler._worker.worker import PAUSED_LOOK_SECONDS
+from scheduler._worker.worker import PRESENCE_SECONDS
 
 HONOURED_WITHIN = 1.0  # seconds from the pause's commit to the last claim from the queue
 QUEUES = ("default", "other")
@@ -64,7 +64,7 @@ def _state(app: Scheduler, job_id: int) -> str:
 def test_every_worker_stops_claiming_within_a_second_and_resumes(
     two: tuple[Scheduler, Scheduler, list[tuple[str, float]], threading.Event],
 ) -> None:
-    assert PAUSED_LOOK_SECONDS < HONOURED_WITHIN
+    assert PRESENCE_SECONDS < HONOURED_WITHIN
     first, second, ran, release = two
     long_id = first.enqueue("p.long")
     with Running(first), Running(second):

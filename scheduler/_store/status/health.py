@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import case, delete, insert, select, update
+from sqlalchemy import case, delete, func, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ..._model.rows import TaskRow
@@ -34,7 +34,7 @@ from .. import queues as _queues
 from .. import rows as _rows
 from .. import wakeup as _wakeup
 from ..engine import Store
-from ..tables import workers
+from ..tables import paused_queues, workers
 from . import counts as _counts
 from . import horizon as _horizon
 from . import warned as _warned
@@ -58,10 +58,15 @@ def touch(
     clock_offset: float | None = None,
     handlers: str | None = None,
     stuck: int | None = None,
-) -> None:
+    paused: bool = False,
+) -> frozenset[str] | None:
     """Record that ``worker_id`` is alive (and when it last ticked, and how far its host's
     clock is from the database's, when measured); registers it if needed. ``stuck``: the
     worker's attempts still running past their stop (fenced after a timeout), when given.
+    ``paused``: also return the paused queues' names (``scheduler pause``), read by the same
+    statement where ``UPDATE … RETURNING`` exists (PostgreSQL, SQLite), so that a worker
+    learns of a pause at each write of its presence at no statement of its own; else (MariaDB)
+    by a read in the same transaction. Returns None without ``paused``.
 
     Two processes may register one id at once (``scheduler tick`` runs share their host's id):
     the one that loses (a duplicate key on PostgreSQL, a deadlock on MariaDB) updates the row
@@ -79,14 +84,23 @@ def touch(
         on_record = workers.c.last_tick_at
         newer = on_record.is_(None) | (on_record < last_tick_at)
         changes["last_tick_at"] = case((newer, last_tick_at), else_=on_record)
+    write = update(workers).where(workers.c.id == worker_id).values(**changes)
+    returning = paused and store.caps.update_returning
+    if returning:
+        write = write.returning(_paused_text(store.engine.dialect.name))
     for attempt in range(1, REGISTER_ATTEMPTS + 1):
         registering = False
         try:
             with store.begin() as conn:
-                found = conn.execute(
-                    update(workers).where(workers.c.id == worker_id).values(**changes)
-                )
-                if found.rowcount == 0:  # first call, or forgotten meanwhile: register
+                found = conn.execute(write)
+                if returning:
+                    row = found.first()
+                    if row is not None:  # its row updated: the paused set came with it
+                        return frozenset(filter(None, (row[0] or "").split("\n")))
+                    missing = True
+                else:
+                    missing = found.rowcount == 0
+                if missing:  # first call, or forgotten meanwhile: register
                     registering = True
                     conn.execute(
                         insert(workers).values(
@@ -98,10 +112,23 @@ def touch(
                             **values,
                         )
                     )
-            return
+                return _queues.paused_names(conn) if paused else None
         except (IntegrityError, OperationalError):
             if not registering or attempt == REGISTER_ATTEMPTS:
                 raise
+    return None  # not reached: the last attempt returned or raised
+
+
+def _paused_text(dialect: str) -> Any:
+    """The paused queues' names joined by newlines (a name has no control character), as a
+    scalar subquery for a ``RETURNING`` clause; NULL when none is paused."""
+    queue = paused_queues.c.queue
+    joined = (
+        func.string_agg(queue, literal("\n"))
+        if dialect == "postgresql"
+        else func.group_concat(queue, literal("\n"))
+    )
+    return select(joined).scalar_subquery()
 
 
 TICK_SUFFIX = ":tick"
