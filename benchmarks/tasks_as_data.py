@@ -10,7 +10,8 @@ measured in this order:
 - one ``put_task`` among them: a changed payload of an existing row, and a new row
   (p50, p95 of --samples calls; target p50 <= 5 ms);
 - the idle tick: its SQL statements and wall time (target: one statement);
-- ``rows(limit=50)`` plain and filtered by prefix, group and tenant, and ``explain``
+- ``rows(limit=50)`` plain and filtered by prefix, group and tenant, ``explain``, and the
+  dashboard's Tasks page paged and filtered (served through its ASGI app, no socket)
   (p50, p95; target p95 <= 100 ms), and ``scheduler tasks list --limit 50`` as a fresh process;
 - ``scheduler status`` and ``status --json`` as fresh processes: wall time, output size and
   peak RSS (``/usr/bin/time``), beside the same at --small (10,000) rows;
@@ -112,6 +113,39 @@ def cli(config: Path, *args: str) -> tuple[float, int, int]:
         return wall, size, int(Path(rss.name).read_text().split()[-1])
 
 
+def dashboard_pages(n: int) -> dict[str, str]:
+    """The dashboard's Tasks page, paged and filtered, at ``n`` rows."""
+    return {
+        "dashboard: Tasks": "/tasks",
+        "dashboard: Tasks, deep page": f"/tasks?after=customer-{n // 2:07d}",
+        "dashboard: Tasks, prefix": "/tasks?prefix=customer-04",
+        "dashboard: Tasks, group": "/tasks?group=customer-4242",
+        "dashboard: Tasks, tenant": "/tasks?tenant=tenant-42",
+        "dashboard: Tasks, api source and tenant": "/tasks?source=api&tenant=tenant-42",
+        "dashboard: Tasks, name contains": "/tasks?name=0424242",
+        "dashboard: Tasks, failing": "/tasks?state=failing",
+    }
+
+
+def page_timer(app: Scheduler, path: str) -> Any:
+    """A call that serves ``path`` through the dashboard's ASGI app (no socket: the page's own
+    reads and rendering), checking the answer is 200."""
+    import asyncio
+
+    from dashboard_pages import _get
+
+    from scheduler._config import DashboardSettings
+    from scheduler.dashboard import create_app
+
+    asgi = create_app(app, DashboardSettings())
+
+    def call() -> None:
+        status, _ms = asyncio.run(_get(asgi, path))
+        assert status == 200, (path, status)
+
+    return call
+
+
 def write_config(folder: Path, url: str, name: str) -> Path:
     config = folder / f"{name}.toml"
     config.write_text(f'[database]\nurl = "{url}"\n')
@@ -204,6 +238,11 @@ def main() -> None:
         for what, call in cases.items():
             timed(call, 5)
             p50, p95 = timed(call, args.samples // 2)
+            done(what + " (p50 / p95)", f"{fmt(p50)} / {fmt(p95)} ms", "p95 <= 100 ms")
+        for what, path in dashboard_pages(n).items():
+            page_ms = page_timer(app, path)
+            timed(page_ms, 3)
+            p50, p95 = timed(page_ms, args.samples // 4)
             done(what + " (p50 / p95)", f"{fmt(p50)} / {fmt(p95)} ms", "p95 <= 100 ms")
     finally:
         app.close()
