@@ -11,3 +11,19 @@ def cpu(job: Any) -> None:
     total = 0
     for i in range(job.payload["n"]):
         total += i * i % 7
+
+
+def spin(job: Any) -> None:
+    """A busy loop that never looks at its stop: only its process's end stops it."""
+    total = 0
+    while True:
+        total += 1
+
+
+def checking(job: Any) -> None:
+    """Sleeps in 10 ms steps, asking after each whether it should stop (``job.check()``)."""
+    import time
+
+    while True:
+        job.check()
+        time.sleep(0.01)
