@@ -25,6 +25,11 @@ A takeover that runs the job again keeps it ``claimed``, and so keeps its one pl
 that count for nothing any more are deleted now and then (:func:`prune`).
 
 Jobs under no limit never come here: the plain claim leaves them out by handler and queue.
+
+This is the general claim: a limit with ``fair``, SQLite, MariaDB/MySQL. On PostgreSQL through
+psycopg without ``fair``, ``limits_pipeline.claim`` takes the same lock and writes the same
+holds, but holds the lock for one round trip only (its docstring says how, and why the count
+must be a statement of its own after the lock).
 """
 
 from __future__ import annotations
