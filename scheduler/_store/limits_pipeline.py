@@ -261,7 +261,8 @@ def claim(
         if not ids:
             return [], held, by_rate
         params["ids"] = ids
-        locks = [(statement, None) for statement in sql.locks]
+        # With parameters (none): psycopg then reads a name's doubled % signs as one.
+        locks = [(statement, {}) for statement in sql.locks]
         rows = _run(conn, [*settings, *locks, (sql.claim, params)])[-1]
     held += int(rows[0][0])
     won = [_job(row[1:], dialect) for row in rows if row[1] is not None]
@@ -307,7 +308,7 @@ def _execute(
         listener(conn, cursor, sql, params, None, False)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=16)
 def _processors(dialect: Dialect) -> list[Any]:
     return [column.type.dialect_impl(dialect).result_processor(dialect, None) for column in jobs.c]
 

@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 from helpers.queue_worker import Clock
+from sqlalchemy import select
 
 from scheduler import Limit, Scheduler
 from scheduler._model.handlers import Registry
 from scheduler._model.job import Job
 from scheduler._store import limits_pipeline
+from scheduler._store.tables import limits
 from scheduler._worker.runner import Runner
 
 T0 = datetime(2030, 1, 7, 12, 0, 0, tzinfo=UTC)
@@ -218,3 +220,17 @@ def test_a_held_job_says_what_it_waits_for(make_app: Callable[..., Scheduler]) -
     assert other.waiting_for == "limit mail: 3 of 3 started in 10s"
     runner.poke_limits()
     assert runner.claim(10, limited=10) == []
+
+
+def test_a_limit_name_with_quotes_and_percent_signs(make_app: Callable[..., Scheduler]) -> None:
+    # The names are written into the SQL as literals: escaped, and read back as written.
+    name = "crm%api's"
+    app = make_app(Limit(name, handlers=["crm.sync"], concurrency=1))
+    other = make_app(Limit(name, handlers=["crm.sync"], concurrency=1))
+    ids = [app.enqueue("crm.sync", {}) for _ in range(2)]
+    assert [job.id for job in app.runner().claim(5, limited=5)] == [ids[0]]
+    assert other.runner().claim(5, limited=5) == []
+    held = app.get_job(ids[1])
+    assert held is not None and held.waiting_for == f"limit {name}: 1 of 1 running"
+    with app.store.read() as conn:  # the lock was taken by that name, once
+        assert conn.execute(select(limits.c.version).where(limits.c.name == name)).scalar() == 1
