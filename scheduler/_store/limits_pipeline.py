@@ -254,7 +254,9 @@ def claim(
     with store.engine.connect() as conn:
         # Behind a transaction pooler each implicit transaction carries its own settings.
         local: bytes | None = conn.connection.info.get(LOCAL_SETTINGS_KEY)
-        settings = [] if local is None else [(local.decode(), None)]
+        settings: list[tuple[str, dict[str, Any] | None]] = []
+        if local is not None:
+            settings.append((local.decode(), None))
         found = _run(conn, [*settings, (sql.choose, params)])[-1]
         held, by_rate = int(found[0][0]), bool(found[0][1])
         ids = [int(row[2]) for row in found if row[2] is not None]
@@ -262,7 +264,7 @@ def claim(
             return [], held, by_rate
         params["ids"] = ids
         # With parameters (none): psycopg then reads a name's doubled % signs as one.
-        locks = [(statement, {}) for statement in sql.locks]
+        locks: list[tuple[str, dict[str, Any] | None]] = [(lock, {}) for lock in sql.locks]
         rows = _run(conn, [*settings, *locks, (sql.claim, params)])[-1]
     held += int(rows[0][0])
     won = [_job(row[1:], dialect) for row in rows if row[1] is not None]
