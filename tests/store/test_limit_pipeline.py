@@ -1,7 +1,8 @@
 """The claim under limits in one round trip (``scheduler/_store/limits_pipeline.py``), on
 PostgreSQL directly and through PgBouncer: real connections racing (threads released together
 by a barrier, each with its own engine), a rate counted in every window, partitions, a job
-cancelled between the unlocked read and the locked claim, and what a held job says."""
+cancelled between the unlocked read and the locked claim, what a held job says, and a lock
+wait that times out."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from typing import Any
 
 import pytest
 from helpers.queue_worker import Clock
-from sqlalchemy import select
+from sqlalchemy import select, update
+from sqlalchemy.exc import OperationalError
 
 from scheduler import Limit, Scheduler
 from scheduler._model.handlers import Registry
@@ -234,3 +236,23 @@ def test_a_limit_name_with_quotes_and_percent_signs(make_app: Callable[..., Sche
     assert held is not None and held.waiting_for == f"limit {name}: 1 of 1 running"
     with app.store.read() as conn:  # the lock was taken by that name, once
         assert conn.execute(select(limits.c.version).where(limits.c.name == name)).scalar() == 1
+
+
+def test_a_lock_wait_that_times_out_claims_nothing_and_leaves_the_connection_clean(
+    make_app: Callable[..., Scheduler],
+) -> None:
+    limit = Limit("crm-api", handlers=["crm.sync"], concurrency=5)
+    app, holder = make_app(limit), make_app(limit)
+    ids = [app.enqueue("crm.sync", {}) for _ in range(2)]
+    runner = app.runner()
+    runner.claim(1, limited=1)  # the limit's row exists
+    with holder.store.begin() as conn:  # another transaction holds the limit's lock
+        conn.execute(update(limits).values(version=limits.c.version + 1))
+        runner.poke_limits()
+        with pytest.raises(OperationalError):  # lock_timeout: the whole claim rolled back
+            runner.claim(1, limited=1)
+    second = app.get_job(ids[1])
+    assert second is not None and (second.state, second.attempts) == ("queued", 0)
+    runner.poke_limits()
+    assert [job.id for job in runner.claim(1, limited=1)] == [ids[1]]
+    assert len(app.jobs(state="claimed")) == 2
