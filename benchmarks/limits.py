@@ -7,8 +7,10 @@ Three tables (Markdown, on stdout; progress on stderr):
 1. **Throughput** on PostgreSQL (own database ``bench_limits``, dropped after): 8 real
    ``scheduler worker`` processes of 5 threads each drain ``--jobs`` no-op jobs, with no limit
    and with one limit of ``concurrency = 40`` over the handler (the same 40 threads: the cost
-   of the claim that counts, not of fewer threads). Cases alternate, ``--reps`` each; jobs per
-   second from the enqueue to the last success.
+   of the claim that counts, not of fewer threads), and with a limit of ``concurrency =
+   100000`` that is never full (the claim under limits apart from waiting for places). Cases
+   alternate, ``--reps`` each; jobs per second from the enqueue to the last success, and jobs
+   per claim (the jobs' distinct ``started_at``: each claim gives its jobs its time).
 2. **Rate**: the same 8 workers under ``rate = "100/1s"`` with more jobs ready than the rate
    lets start: the starts (each attempt's ``started_at``, the claim's time) over
    ``--rate-seconds`` after the first second, their mean per second, and the most started in
@@ -106,7 +108,15 @@ def succeeded(app: Scheduler) -> int:
         return int(found.scalar_one())
 
 
-def throughput(url: str, limit: str, n: int, ms: float = 0) -> float:
+def claims_made(app: Scheduler) -> int:
+    """How many claims started the jobs: each claim gives its jobs one ``started_at``."""
+    with app.store.read() as conn:
+        found = conn.execute(select(func.count(jobs.c.started_at.distinct())))
+        return int(found.scalar_one())
+
+
+def throughput(url: str, limit: str, n: int, ms: float = 0) -> tuple[float, float]:
+    """(jobs per second, jobs per claim)."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         config = write_config(folder, url, limit)
@@ -122,10 +132,11 @@ def throughput(url: str, limit: str, n: int, ms: float = 0) -> float:
             while succeeded(app) < n:
                 time.sleep(0.05)
             took = time.monotonic() - began
+            claims = claims_made(app)
         finally:
             stop_workers(procs)
             app.close()
-    return n / took
+    return n / took, n / max(claims, 1)
 
 
 def rate_held(url: str, seconds: float) -> tuple[float, int, int]:
@@ -181,6 +192,13 @@ def idle_statements(url: str, limits: list[Limit], seconds: float) -> float:
     return counts.statements / took
 
 
+CASES = {
+    "none": "",
+    "concurrency = 40": "concurrency = 40",
+    # Never full: what the claim under limits costs apart from waiting for places.
+    "concurrency = 100000": "concurrency = 100000",
+}
+
 LIMITS = [
     Limit(
         "crm-api", handlers=["crm.sync"], concurrency=10, rate="100/60s", per="tenant", fair=True
@@ -204,21 +222,31 @@ def main() -> None:
     pg = _bench.recreate_pg_database(args.pg, "bench_limits")
     Scheduler(pg, registry=Registry()).migrate()
     try:
-        rates: dict[str, list[float]] = {"none": [], "concurrency = 40": []}
+        rates: dict[str, list[float]] = {case: [] for case in CASES}
+        per_claim: dict[str, list[float]] = {case: [] for case in CASES}
         for rep in range(args.reps):
-            for case, limit in (("none", ""), ("concurrency = 40", "concurrency = 40")):
+            for case in CASES:
                 progress(f"throughput {case}, rep {rep + 1}")
-                rates[case].append(throughput(pg, limit, args.jobs, args.job_ms))
+                rate, size = throughput(pg, CASES[case], args.jobs, args.job_ms)
+                rates[case].append(rate)
+                per_claim[case].append(size)
         base = median(rates["none"])
         body = f"{args.job_ms:g} ms" if args.job_ms else "no-op"
         print(
             f"Throughput, {args.jobs} {body} jobs, {WORKERS} workers x {THREADS} threads,"
             " PostgreSQL"
         )
-        print("\n| limit | jobs/s (median) | runs | of no limit |\n|---|---|---|---|")
+        print(
+            "\n| limit | jobs/s (median) | runs | of no limit | jobs per claim |"
+            "\n|---|---|---|---|---|"
+        )
         for case, found in rates.items():
             runs = ", ".join(fmt(r) for r in found)
-            print(f"| {case} | {fmt(median(found))} | {runs} | {median(found) / base:.0%} |")
+            size = median(per_claim[case])
+            print(
+                f"| {case} | {fmt(median(found))} | {runs} | {median(found) / base:.0%}"
+                f" | {size:.1f} |"
+            )
         if args.only_throughput:
             return
         progress("rate 100/1s")

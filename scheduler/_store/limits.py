@@ -25,6 +25,11 @@ A takeover that runs the job again keeps it ``claimed``, and so keeps its one pl
 that count for nothing any more are deleted now and then (:func:`prune`).
 
 Jobs under no limit never come here: the plain claim leaves them out by handler and queue.
+
+This is the general claim: a limit with ``fair``, SQLite, MariaDB/MySQL. On PostgreSQL through
+psycopg without ``fair``, ``limits_pipeline.claim`` takes the same lock and writes the same
+holds, but holds the lock for one round trip only (its docstring says how, and why the count
+must be a statement of its own after the lock).
 """
 
 from __future__ import annotations
@@ -156,7 +161,8 @@ def count(conn: Connection, chosen: Sequence[Limit], now: datetime) -> Counts:
     return found
 
 
-def _covered(limitset: LimitSet, limit: Limit) -> ColumnElement[bool]:
+def covered(limitset: LimitSet, limit: Limit) -> ColumnElement[bool]:
+    """Whether a job is under ``limit``, as SQL (its handlers, its queues)."""
     handlers = limitset.handlers_of(limit)
     terms = []
     if handlers:
@@ -203,7 +209,7 @@ def claim(
             jobs.c.state == QUEUED,
             jobs.c.run_at <= now,
             jobs.c.queue.in_(list(queues)),
-            _covered(limitset, limit),
+            covered(limitset, limit),
         ]
         if handlers:
             names = sorted(handlers)
@@ -295,12 +301,12 @@ def any_ready(
 ) -> bool:
     """Whether any job under a limit is ready in ``queues``: one read, so that a worker with
     nothing to do under its limits takes no lock and counts nothing."""
-    covered = [_covered(limitset, limit) for limit in limitset.limits]
+    under = [covered(limitset, limit) for limit in limitset.limits]
     stmt = select(jobs.c.id).where(
         jobs.c.state == QUEUED,
         jobs.c.run_at <= now,
         jobs.c.queue.in_(list(queues)),
-        or_(*covered),
+        or_(*under),
     )
     if handlers:
         names = sorted(handlers)
@@ -351,6 +357,7 @@ def _claim_values() -> dict[str, Any]:
         "lease_expires_at": bindparam("p_until"),
         "started_at": bindparam("p_now"),
         "attempts": jobs.c.attempts + 1,
+        "fence": jobs.c.fence + 1,  # as every claim (jobs._claim_statements)
     }
 
 
@@ -437,7 +444,7 @@ def gauges(conn: Connection, limitset: LimitSet, now: datetime) -> dict[str, tup
     for limit in limitset.limits:
         in_use = sum(n for (name, _), n in counts.running.items() if name == limit.name)
         waiting = select(func.count()).where(
-            jobs.c.state == QUEUED, jobs.c.run_at <= now, _covered(limitset, limit)
+            jobs.c.state == QUEUED, jobs.c.run_at <= now, covered(limitset, limit)
         )
         found[limit.name] = (in_use, int(conn.execute(waiting).scalar_one()))
     return found

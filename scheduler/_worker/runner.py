@@ -32,6 +32,7 @@ from .._model.rules import ABORTED, QUEUED, SUCCEEDED
 from .._store import Connection, Store
 from .._store import jobs as _jobs
 from .._store import limits as _limits
+from .._store import limits_pipeline as _limits_pipeline
 from .._store import queues as _queues
 from .._store import rows as _rows
 from .._store import wakeup as _wakeup
@@ -389,6 +390,18 @@ class Runner:
             return []  # nothing ready under a limit: no lock taken, nothing counted
 
         def attempt() -> tuple[list[Job], int, bool]:
+            if _limits_pipeline.covers(self.store, self.limits):
+                return _limits_pipeline.claim(
+                    self.store,
+                    self.limits,
+                    owner=self.owner,
+                    now=now,
+                    lease=self.lease,
+                    want=limit,
+                    queues=queues,
+                    handlers=handlers,
+                    exclude=exclude,
+                )
             with self.store.begin() as conn:
                 found = _limits.claim(
                     self.store,
@@ -407,6 +420,9 @@ class Runner:
                 return found
 
         found, held, by_rate = retry("claim under limits", attempt, lost=lambda: ([], 0, False))
+        if prune and _limits_pipeline.covers(self.store, self.limits):
+            with self.store.begin() as conn:  # holds that count for nothing: no lock needed
+                _limits.prune(conn, self.limits, now)
         if prune:
             self._pruned_at = time.monotonic()
         self._limited_busy = bool(found or held)
