@@ -301,6 +301,25 @@ def any_ready(
 ) -> bool:
     """Whether any job under a limit is ready in ``queues``: one read, so that a worker with
     nothing to do under its limits takes no lock and counts nothing."""
+    stmt = _ready(limitset, now=now, queues=queues, handlers=handlers, exclude=exclude)
+    return conn.execute(stmt.limit(1)).first() is not None
+
+
+def ready_probe(limitset: LimitSet, *, now: datetime, queues: Sequence[str]) -> Any:
+    """:func:`any_ready` as an ``EXISTS`` expression, for a statement the worker sends anyway
+    to carry (its presence write's ``RETURNING``): an idle worker then looks under its limits
+    at no statement of its own."""
+    return _ready(limitset, now=now, queues=queues).exists()
+
+
+def _ready(
+    limitset: LimitSet,
+    *,
+    now: datetime,
+    queues: Sequence[str],
+    handlers: Collection[str] = (),
+    exclude: bool = False,
+) -> Any:
     under = [covered(limitset, limit) for limit in limitset.limits]
     stmt = select(jobs.c.id).where(
         jobs.c.state == QUEUED,
@@ -311,7 +330,7 @@ def any_ready(
     if handlers:
         names = sorted(handlers)
         stmt = stmt.where(jobs.c.handler.not_in(names) if exclude else jobs.c.handler.in_(names))
-    return conn.execute(stmt.limit(1)).first() is not None
+    return stmt
 
 
 def _rotation(

@@ -357,6 +357,22 @@ class Runner:
         ending) or the poll: looking again and again would only queue on the limit's lock."""
         return self._rate_held
 
+    def limits_probe(self, queues: tuple[str, ...]) -> Any:
+        """Whether a job under a limit is ready in ``queues``, as SQL for the worker's
+        presence write to carry (``_store.limits.ready_probe``), in place of this runner's
+        own look every ``LIMITED_POLL_SECONDS``; None without limits or queues, or where the
+        write returns nothing (MariaDB: the look stays)."""
+        if not self.limits or not queues or not self.store.caps.update_returning:
+            return None
+        return _limits.ready_probe(self.limits, now=self.clock(), queues=queues)
+
+    def probed(self, ready: bool) -> None:
+        """The presence write's answer to :meth:`limits_probe`: the runner's own look is
+        put off (nothing new to find), or, a job being ready, the next claim looks."""
+        self._limited_next = time.monotonic() + LIMITED_POLL_SECONDS
+        if ready:
+            self._limited_poked = True
+
     def _limited_due(self) -> bool:
         now = time.monotonic()
         if not self._limited_poked and now < self._limited_next:

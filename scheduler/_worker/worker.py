@@ -878,7 +878,7 @@ class Worker:
             app = self.app
             offset = app.clock_offset()
             runs = app.registry.names() if self.concurrency > 0 else []  # 0: it runs none
-            paused = _health.touch(
+            seen = _health.touch(
                 app.store,
                 app.worker_id,
                 app.clock(),
@@ -887,10 +887,13 @@ class Worker:
                 handlers=_handlers.names_text(runs),
                 stuck=len(self._stuck),
                 paused=True,
+                probe=self.runner.limits_probe(self._queues) if self.concurrency > 0 else None,
             )
             self._touched = time.monotonic()
-            if paused is not None:
-                self._paused_changed(paused)
+            if seen is not None:
+                self._paused_changed(seen.paused)
+                if seen.ready_under_limits is not None:
+                    self.runner.probed(seen.ready_under_limits)
 
     def _unregister(self) -> None:
         try:

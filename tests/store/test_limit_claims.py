@@ -236,3 +236,39 @@ def test_work_runs_jobs_under_limits(make_app: Callable[..., Scheduler]) -> None
             app.enqueue("crm.sync", {}, tenant=tenant)
     assert app.work() == 6
     assert {j.state for j in app.jobs()} == {"succeeded"}
+
+
+def test_the_presence_write_carries_the_look_under_limits(
+    make_app: Callable[..., Scheduler], clock: Clock
+) -> None:
+    """An idle worker's look for jobs under its limits rides on its presence write where the
+    engine returns from an UPDATE (PostgreSQL, SQLite): False with nothing ready, True once a
+    job under a limit is, and not asked at all on MariaDB (the worker looks by itself)."""
+    from scheduler._store.status import health
+
+    app = make_app(Limit("crm-api", handlers=["crm.sync"], concurrency=2))
+    runner = app.runner()
+    probe = runner.limits_probe(("default",))
+    if not app.store.caps.update_returning:
+        assert probe is None
+        return
+    health.touch(app.store, "w-probe", clock(), None)  # registered: the next is an update
+
+    def look() -> bool | None:
+        seen = health.touch(
+            app.store,
+            "w-probe",
+            clock(),
+            None,
+            paused=True,
+            probe=runner.limits_probe(("default",)),
+        )
+        assert seen is not None
+        return seen.ready_under_limits
+
+    assert look() is False
+    app.enqueue("free")  # under no limit: not this look's
+    assert look() is False
+    app.enqueue("crm.sync")
+    assert look() is True
+    assert make_app().runner().limits_probe(("default",)) is None  # no limits: nothing to carry

@@ -169,9 +169,9 @@ def test_a_workers_presence_write_brings_the_paused_queues_back(app: Scheduler) 
         plain = health.touch(store, "w-1", T0 + timedelta(seconds=3), None)
     finally:
         event.remove(store.engine, "before_cursor_execute", seen)
-    assert registered == frozenset()
-    assert found == {"reports", "night shift"}
-    assert after == {"night shift"}
+    assert registered is not None and registered.paused == frozenset()
+    assert found is not None and found.paused == {"reports", "night shift"}
+    assert after is not None and after.paused == {"night shift"}
     assert plain is None
     expected = 1 if store.caps.update_returning else 2
     assert len(writes) == expected, writes

@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import case, delete, func, insert, literal, select, update
+from sqlalchemy import case, delete, func, insert, literal, null, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ..._model.rows import TaskRow
@@ -59,14 +59,18 @@ def touch(
     handlers: str | None = None,
     stuck: int | None = None,
     paused: bool = False,
-) -> frozenset[str] | None:
+    probe: Any = None,
+) -> Presence | None:
     """Record that ``worker_id`` is alive (and when it last ticked, and how far its host's
     clock is from the database's, when measured); registers it if needed. ``stuck``: the
     worker's attempts still running past their stop (fenced after a timeout), when given.
     ``paused``: also return the paused queues' names (``scheduler pause``), read by the same
     statement where ``UPDATE … RETURNING`` exists (PostgreSQL, SQLite), so that a worker
     learns of a pause at each write of its presence at no statement of its own; else (MariaDB)
-    by a read in the same transaction. Returns None without ``paused``.
+    by a read in the same transaction. ``probe``: a boolean SQL expression (the worker's look
+    for jobs under its limits, ``limits.ready_probe``) the write carries where it returns
+    anything (PostgreSQL, SQLite); its answer is None elsewhere and when the worker
+    registered. Returns None without ``paused``.
 
     Two processes may register one id at once (``scheduler tick`` runs share their host's id):
     the one that loses (a duplicate key on PostgreSQL, a deadlock on MariaDB) updates the row
@@ -87,7 +91,9 @@ def touch(
     write = update(workers).where(workers.c.id == worker_id).values(**changes)
     returning = paused and store.caps.update_returning
     if returning:
-        write = write.returning(_paused_text(store.engine.dialect.name))
+        write = write.returning(
+            _paused_text(store.engine.dialect.name), probe if probe is not None else null()
+        )
     for attempt in range(1, REGISTER_ATTEMPTS + 1):
         registering = False
         try:
@@ -96,7 +102,8 @@ def touch(
                 if returning:
                     row = found.first()
                     if row is not None:  # its row updated: the paused set came with it
-                        return frozenset(filter(None, (row[0] or "").split("\n")))
+                        names = frozenset(filter(None, (row[0] or "").split("\n")))
+                        return Presence(names, None if probe is None else bool(row[1]))
                     missing = True
                 else:
                     missing = found.rowcount == 0
@@ -112,11 +119,19 @@ def touch(
                             **values,
                         )
                     )
-                return _queues.paused_names(conn) if paused else None
+                return Presence(_queues.paused_names(conn), None) if paused else None
         except (IntegrityError, OperationalError):
             if not registering or attempt == REGISTER_ATTEMPTS:
                 raise
     return None  # not reached: the last attempt returned or raised
+
+
+@dataclass(frozen=True)
+class Presence:
+    """What a worker's presence write brought back (:func:`touch`)."""
+
+    paused: frozenset[str]  # the paused queues' names
+    ready_under_limits: bool | None  # the probe's answer; None: not asked, or not carried
 
 
 def _paused_text(dialect: str) -> Any:
