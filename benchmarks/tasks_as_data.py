@@ -17,8 +17,9 @@ measured in this order:
   peak RSS (``/usr/bin/time``), beside the same at --small (10,000) rows;
 - the midnight burst: --burst of the N rows (every 10th has ``0 0 * * *``) due at one
   instant, dispatched by --workers ticking processes (benchmarks/burst.py's harness); then the
-  same burst of --burst ``file`` rows on a table of those alone (burst.py's own load), in the
-  same run.
+  same burst of --burst ``file`` rows on a table of those alone (burst.py's own load), and
+  the control: that burst among N ``file`` rows (the api rows' table size without their
+  payload, tenant and group), in the same run.
 """
 
 from __future__ import annotations
@@ -297,6 +298,33 @@ def main() -> None:
         jobs_made, once, still = burst.check(file_url, args.burst, due)
         done(
             f"burst.py's burst: {args.burst:,} file rows alone, {args.workers} tickers",
+            f"{fmt(result['seconds'])} s ({fmt(args.burst / result['seconds'])} rows/s), "
+            f"{jobs_made:,} jobs, {once:,} rows once, {still} still due, "
+            f"{result['lost']:,} lost races",
+            "-",
+        )
+        _bench.drop_pg_database(args.pg, "bench_burst_ours")
+        # The control: the same burst of file rows among n file rows (the api rows' table
+        # size, without their payload, tenant and group), to tell the table's size apart.
+        file_url = _bench.recreate_pg_database(args.pg, "bench_burst_ours")
+        burst.load(file_url, n, due)
+        burst.reset(file_url, due, vacuum=False)
+        app = burst.make_app(file_url)
+        try:
+            with app.store.begin() as conn:
+                later = due + timedelta(days=3650)
+                stmt = update(rows).where(rows.c.name >= f"customer-{args.burst:07d}")
+                conn.execute(stmt.values(next_run_at=later))
+        finally:
+            app.close()
+        with burst.make_app(file_url).store.engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
+        _bench.checkpoint_pg(file_url)
+        progress(f"burst: {args.burst:,} file rows of {n:,}, {args.workers} processes")
+        result = burst.run_ticks(file_url, now, args.workers)
+        jobs_made, once, still = burst.check(file_url, args.burst, due)
+        done(
+            f"control: {args.burst:,} file rows of {n:,} file rows, {args.workers} tickers",
             f"{fmt(result['seconds'])} s ({fmt(args.burst / result['seconds'])} rows/s), "
             f"{jobs_made:,} jobs, {once:,} rows once, {still} still due, "
             f"{result['lost']:,} lost races",
