@@ -182,6 +182,10 @@ class Registry:
             for _, h in sorted(self._handlers.items())
         ]
 
+    def process_isolated(self) -> list[Handler]:
+        """The handlers registered with ``isolation = "process"``, by name."""
+        return [h for _, h in sorted(self._handlers.items()) if h.isolation == "process"]
+
     def async_names(self) -> frozenset[str]:
         """The names of the ``async def`` handlers."""
         return frozenset(name for name, h in self._handlers.items() if h.is_async)

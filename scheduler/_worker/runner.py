@@ -243,6 +243,7 @@ class Runner:
         #: sync path, an async handler met by ``work()``): the worker's loop, or the app's.
         self.coroutine_runner = coroutine_runner
         self.registry = registry
+        self._isolated_preloaded = False  # the fork server told of the isolated handlers
         self.owner = owner
         self.clock = clock
         self.lease = lease
@@ -551,6 +552,20 @@ class Runner:
         run = earlier + (1 if job.attempts <= 1 else 0)  # a retry: its attempt 1 is recorded
         return f"({job.handler}, task {job.task_name}) run {run},"
 
+    def _preload_isolated(self) -> None:
+        """Before the first child: the fork server is to import every process-isolated
+        handler's module once (:func:`.isolation.preload`), not each child at each attempt."""
+        if self._isolated_preloaded:
+            return
+        self._isolated_preloaded = True
+        modules = []
+        for handler in self.registry.process_isolated():
+            try:
+                modules.append(_isolation.where(handler)[0])
+            except ValueError:
+                continue  # refused at its attempt, with its own message
+        _isolation.preload(modules)
+
     def _no_handler(self, job: Job, started: datetime) -> Ending:
         log.error(
             "job %s: no handler registered for %r",
@@ -586,6 +601,7 @@ class Runner:
                 if problem is not None:
                     return self._context_failed(job, problem, started)
                 if handler.isolation == "process":  # in a child process (isolation.py)
+                    self._preload_isolated()
                     _isolation.call(handler, running, stop, self.cancel_grace)
                     result = None
                 else:

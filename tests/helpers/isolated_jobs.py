@@ -59,3 +59,14 @@ def cpu(job: Any) -> None:
     for i in range(job.payload["n"]):
         total += i * i % 7
     job.payload["total"] = total
+
+
+IMPORTED_IN = os.getpid()  # the process that imported this module: the fork server, preloaded
+
+
+def where_imported(job: Any) -> None:
+    """Writes the child's pid, the pid that imported this module, and whether the scheduler's
+    worker module was imported before the child ran (the fork server's preload)."""
+    import sys
+
+    _write(job, imported_in=IMPORTED_IN, worker_module="scheduler._worker.runner" in sys.modules)

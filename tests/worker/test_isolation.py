@@ -118,6 +118,28 @@ def test_the_child_sees_the_job_api_and_its_errors_are_outcomes(
     assert _ended(app, refused) == ("aborted", "bad_input")
 
 
+def test_a_child_starts_with_the_handler_and_the_scheduler_imported(
+    app: Scheduler, tmp_path: Path
+) -> None:
+    """The fork server imports the handler's module and the scheduler once, before it forks:
+    a child does not import them again at each attempt (it would cost a few tenths of a second
+    where SQLAlchemy comes with them)."""
+    app.handler("p.where", isolation="process")(isolated_jobs.where_imported)
+    out = tmp_path / "where.json"
+    first = app.enqueue("p.where", {"out": str(out)})
+    with Running(app):
+        assert wait_until(lambda: _ended(app, first), 30) == ("succeeded", None)
+        seen = json.loads(out.read_text())
+        second = app.enqueue("p.where", {"out": str(out)})
+        assert wait_until(lambda: _ended(app, second), 30) == ("succeeded", None)
+        again = json.loads(out.read_text())
+    assert seen["pid"] != os.getpid() and again["pid"] != seen["pid"]  # children of their own
+    for each in (seen, again):
+        assert each["imported_in"] not in (each["pid"], os.getpid())  # the fork server's import
+        assert each["worker_module"] is True
+    assert seen["imported_in"] == again["imported_in"]  # one server, imported once
+
+
 def test_bad_isolation_is_refused_at_registration() -> None:
     registry = Registry()
     with pytest.raises(ValueError) as refused:
