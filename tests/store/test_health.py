@@ -275,3 +275,30 @@ def test_status_without_rows_warns_the_same_and_lists_none(app: Scheduler) -> No
     assert light["jobs"] == full["jobs"] and light["health"] == full["health"]
     assert "payload" not in full["rows"][0]
     assert app.rows(limit=None)[0].payload == {"k": "v"}
+
+
+def test_the_tick_record_is_utc_whatever_the_sessions_time_zone(direct_pg_url: str) -> None:
+    """The tick record keeps the latest tick with a CASE; its instant is written as the column's
+    UTC, not as a ``timestamptz`` the server converts by the session's zone (a server whose
+    ``timezone`` is not UTC stored it hours off)."""
+    from sqlalchemy import select
+    from sqlalchemy.engine import make_url
+
+    from scheduler._store.tables import workers
+
+    url = make_url(direct_pg_url)
+    zoned = url.set(query={**url.query, "options": "-ctimezone=America/New_York"})
+    app = Scheduler(zoned.render_as_string(hide_password=False), registry=Registry())
+    try:
+        ticked = datetime(2030, 1, 7, 12, 0, 5, tzinfo=UTC)
+        _health.record_tick(app.store, ticked, ticked)
+        later = ticked + timedelta(minutes=1)
+        _health.record_tick(app.store, later, later)  # the CASE: the newer one wins
+        _health.record_tick(app.store, later, ticked)  # an older one leaves it
+        with app.store.read() as conn:
+            found = conn.execute(
+                select(workers.c.last_tick_at).where(workers.c.id == _health.tick_record_id())
+            ).scalar_one()
+    finally:
+        app.close()
+    assert found == later

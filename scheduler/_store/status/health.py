@@ -87,7 +87,10 @@ def touch(
     if keep_latest and last_tick_at is not None:
         on_record = workers.c.last_tick_at
         newer = on_record.is_(None) | (on_record < last_tick_at)
-        changes["last_tick_at"] = case((newer, last_tick_at), else_=on_record)
+        # The instant typed as the column (UTC, naive), never a bare timestamptz the server
+        # would convert by the session's zone on its way into the column.
+        value = literal(last_tick_at, type_=workers.c.last_tick_at.type)
+        changes["last_tick_at"] = case((newer, value), else_=on_record)
     write = update(workers).where(workers.c.id == worker_id).values(**changes)
     returning = paused and store.caps.update_returning
     if returning:
