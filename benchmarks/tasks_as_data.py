@@ -147,6 +147,30 @@ def page_timer(app: Scheduler, path: str) -> Any:
     return call
 
 
+def vacuum_analyze(url: str) -> None:
+    """``VACUUM ANALYZE`` the database of ``url`` (outside a transaction)."""
+    app = burst.make_app(url)
+    try:
+        with app.store.engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
+    finally:
+        app.close()
+
+
+def burst_figures(
+    url: str, now: datetime, due: datetime, n: int, due_rows: int, workers: int
+) -> str:
+    """Tick ``url`` at ``now`` with ``workers`` processes; the burst's figures, and whether
+    each of the ``due_rows`` rows of ``n`` ran exactly once."""
+    result = burst.run_ticks(url, now, workers)
+    jobs_made, once, still = burst.check(url, n, due)
+    return (
+        f"{fmt(result['seconds'])} s ({fmt(due_rows / result['seconds'])} rows/s), "
+        f"{jobs_made:,} jobs, {once:,} rows once, {still} still due, "
+        f"{result['lost']:,} lost races"
+    )
+
+
 def write_config(folder: Path, url: str, name: str) -> Path:
     config = folder / f"{name}.toml"
     config.write_text(f'[database]\nurl = "{url}"\n')
@@ -180,8 +204,7 @@ def main() -> None:
     progress(f"put_tasks of {n:,} api rows")
     seconds = put_all(url, n)
     done(f"put_tasks of {n:,} new api rows (one call)", fmt(seconds) + " s", "<= 60 s")
-    with burst.make_app(url).store.engine.connect() as conn:
-        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
+    vacuum_analyze(url)
     put_all(small, args.small)
 
     app = burst.make_app(url)
@@ -275,16 +298,12 @@ def main() -> None:
             conn.execute(stmt.values(next_run_at=due))
     finally:
         app.close()
-    with burst.make_app(url).store.engine.connect() as conn:
-        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
+    vacuum_analyze(url)
     _bench.checkpoint_pg(url)
     progress(f"burst: {args.burst:,} api rows of {n:,} due at once, {args.workers} processes")
-    result = burst.run_ticks(url, now, args.workers)
-    jobs_made, once, still = burst.check(url, n, due)
     done(
         f"midnight burst: {args.burst:,} api rows of {n:,}, {args.workers} tickers",
-        f"{fmt(result['seconds'])} s ({fmt(args.burst / result['seconds'])} rows/s), "
-        f"{jobs_made:,} jobs, {once:,} rows once, {still} still due, {result['lost']:,} lost races",
+        burst_figures(url, now, due, n, args.burst, args.workers),
         "as fast as file rows",
     )
     _bench.drop_pg_database(args.pg, "bench_tasks_data")
@@ -294,13 +313,9 @@ def main() -> None:
         burst.load(file_url, args.burst, due)
         burst.reset(file_url, due)
         progress(f"burst: {args.burst:,} file rows (burst.py), {args.workers} processes")
-        result = burst.run_ticks(file_url, now, args.workers)
-        jobs_made, once, still = burst.check(file_url, args.burst, due)
         done(
             f"burst.py's burst: {args.burst:,} file rows alone, {args.workers} tickers",
-            f"{fmt(result['seconds'])} s ({fmt(args.burst / result['seconds'])} rows/s), "
-            f"{jobs_made:,} jobs, {once:,} rows once, {still} still due, "
-            f"{result['lost']:,} lost races",
+            burst_figures(file_url, now, due, args.burst, args.burst, args.workers),
             "-",
         )
         _bench.drop_pg_database(args.pg, "bench_burst_ours")
@@ -317,17 +332,12 @@ def main() -> None:
                 conn.execute(stmt.values(next_run_at=later))
         finally:
             app.close()
-        with burst.make_app(file_url).store.engine.connect() as conn:
-            conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
+        vacuum_analyze(file_url)
         _bench.checkpoint_pg(file_url)
         progress(f"burst: {args.burst:,} file rows of {n:,}, {args.workers} processes")
-        result = burst.run_ticks(file_url, now, args.workers)
-        jobs_made, once, still = burst.check(file_url, args.burst, due)
         done(
             f"control: {args.burst:,} file rows of {n:,} file rows, {args.workers} tickers",
-            f"{fmt(result['seconds'])} s ({fmt(args.burst / result['seconds'])} rows/s), "
-            f"{jobs_made:,} jobs, {once:,} rows once, {still} still due, "
-            f"{result['lost']:,} lost races",
+            burst_figures(file_url, now, due, args.burst, args.burst, args.workers),
             "-",
         )
         _bench.drop_pg_database(args.pg, "bench_burst_ours")
