@@ -128,7 +128,7 @@ def call(handler: Handler, running: Any, stop: Stopped | None, grace: float) -> 
             "slot",
         )
     }
-    context = _forkserver(module)
+    context = multiprocessing.get_context("forkserver")  # told what to import: preload()
     receiving, sending = context.Pipe(duplex=False)
     child = context.Process(
         target=_child,
@@ -196,12 +196,6 @@ def preload(modules: Iterable[str]) -> None:
         multiprocessing.get_context("forkserver").set_forkserver_preload(
             [_server_path.__name__, "__main__", *ours, *_preloaded]
         )
-
-
-def _forkserver(module: str) -> Any:
-    if module not in _preloaded:
-        preload([module])
-    return multiprocessing.get_context("forkserver")
 
 
 def _signal(pid: int | None, signum: int) -> None:

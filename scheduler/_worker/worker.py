@@ -448,7 +448,11 @@ class Worker:
         free = sync_free + loop_free
         if free <= 0 or self._stopping:
             return None
-        queues = self._claimable()
+        # Its queues less the paused ones (``scheduler pause``): the paused set comes back with
+        # each write of its presence (_touch, before each claim, at most every
+        # PRESENCE_SECONDS), so a pause is honoured within about a second at no statement of
+        # its own. A failed write keeps the last set.
+        queues = self._queues
         taken = self._take_over(free, queues)
         self._submit(pool, taken)  # before claiming: a failed claim must not strand them
         on_loop = sum(1 for job in taken if self._on_loop(job))
@@ -489,13 +493,6 @@ class Worker:
             return []
         self._next_takeover = now + POLL_SECONDS * 0.9  # the next poll finds it due
         return self.runner.take_over(limit=free, queues=queues)
-
-    def _claimable(self) -> tuple[str, ...]:
-        """The worker's queues less the paused ones (``scheduler pause``). The paused set
-        comes back with each write of the worker's presence (:meth:`_touch`, at most every
-        ``PRESENCE_SECONDS`` and at every poll), so a pause is honoured within about a
-        second at no statement of its own. A failed write keeps the last set."""
-        return self._queues
 
     def _paused_changed(self, paused: frozenset[str]) -> None:
         if paused == self._paused:
