@@ -198,6 +198,20 @@ def preload(modules: Iterable[str]) -> None:
         )
 
 
+def start_server() -> None:
+    """Start the fork server now and wait until it has imported what :func:`preload` listed
+    (one child that does nothing: the server forks only once its imports are done), rather
+    than at the first attempt: a worker's start-up calls it, so no attempt's time, and no
+    timeout, includes those imports."""
+    child = multiprocessing.get_context("forkserver").Process(target=_nothing, daemon=True)
+    child.start()
+    child.join()
+
+
+def _nothing() -> None:
+    """The child :func:`start_server` waits for."""
+
+
 def _signal(pid: int | None, signum: int) -> None:
     if pid is None:
         return

@@ -552,19 +552,24 @@ class Runner:
         run = earlier + (1 if job.attempts <= 1 else 0)  # a retry: its attempt 1 is recorded
         return f"({job.handler}, task {job.task_name}) run {run},"
 
-    def _preload_isolated(self) -> None:
+    def prepare_isolation(self, *, start: bool = False) -> None:
         """Before the first child: the fork server is to import every process-isolated
-        handler's module once (:func:`.isolation.preload`), not each child at each attempt."""
+        handler's module once (:func:`.isolation.preload`), not each child at each attempt.
+        ``start`` (a worker's start-up): also start the server now, when any handler is
+        process-isolated, so that its imports are not paid inside an attempt's timeout."""
         if self._isolated_preloaded:
             return
         self._isolated_preloaded = True
+        handlers = self.registry.process_isolated()
         modules = []
-        for handler in self.registry.process_isolated():
+        for handler in handlers:
             try:
                 modules.append(_isolation.where(handler)[0])
             except ValueError:
                 continue  # refused at its attempt, with its own message
         _isolation.preload(modules)
+        if start and handlers:
+            _isolation.start_server()
 
     def _no_handler(self, job: Job, started: datetime) -> Ending:
         log.error(
@@ -601,7 +606,7 @@ class Runner:
                 if problem is not None:
                     return self._context_failed(job, problem, started)
                 if handler.isolation == "process":  # in a child process (isolation.py)
-                    self._preload_isolated()
+                    self.prepare_isolation()
                     _isolation.call(handler, running, stop, self.cancel_grace)
                     result = None
                 else:

@@ -187,6 +187,8 @@ class Worker:
         if self._serve_metrics:
             self._telemetry.open()
         self._start_up(lambda: self._touch(force=True))
+        if self.concurrency > 0:  # process isolation's fork server, its imports made now
+            self._start_up(lambda: self.runner.prepare_isolation(start=True))
         self._start_loop()
         if not once and self.concurrency > 0:
             self._listen()
