@@ -327,7 +327,7 @@ def hand_on(
         gone = None
     won: list[Job] = []
     for places, n in sorted(wanted.items()) if queues else ():
-        pick = _fitting(limitset, places, conn.dialect.name, now=now, queues=queues).limit(n)
+        pick = fitting(limitset, places, conn.dialect.name, now=now, queues=queues).limit(n)
         if store.caps.skip_locked:
             pick = pick.with_for_update(skip_locked=True)
         if at_once:
@@ -347,7 +347,7 @@ def hand_on(
     return sorted(won, key=lambda j: (j.priority, j.run_at, j.id))
 
 
-def _fitting(
+def fitting(
     limitset: LimitSet, places: Places, dialect: str, *, now: datetime, queues: Sequence[str]
 ) -> Select[Any]:
     """The ready jobs under exactly the limits of ``places``, each in its partition there, in
@@ -381,7 +381,7 @@ def _hand_on_at_once(
     won = (
         update(jobs)
         .where(jobs.c.id.in_(select(ready.c.id)), jobs.c.state == QUEUED)
-        .values(**_claim_values())
+        .values(**claim_values())
         .returning(*jobs.c)
         .cte("handed_won")
     )
@@ -482,7 +482,7 @@ def _rotation(
 
 
 @functools.cache
-def _claim_values() -> dict[str, Any]:
+def claim_values() -> dict[str, Any]:
     from sqlalchemy import bindparam
 
     return {
@@ -506,7 +506,7 @@ def _take(
     stmt = by_id(
         update(jobs)
         .where(jobs.c.id.in_(bindparam("p_ids", expanding=True)), jobs.c.state == QUEUED)
-        .values(**_claim_values())
+        .values(**claim_values())
     )
     if store.caps.claim_returning:
         return [Job.from_row(r) for r in conn.execute(stmt.returning(*jobs.c), params)]

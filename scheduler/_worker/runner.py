@@ -33,6 +33,7 @@ from .._store import Connection, Store
 from .._store import jobs as _jobs
 from .._store import limits as _limits
 from .._store import limits_pipeline as _limits_pipeline
+from .._store import outcomes as _outcomes
 from .._store import queues as _queues
 from .._store import rows as _rows
 from .._store import wakeup as _wakeup
@@ -1035,6 +1036,23 @@ class Runner:
         self, items: list[_jobs.Finish], places: dict[int, Places]
     ) -> tuple[list[Job | None], list[Job]]:
         now = self.clock()
+        at_once = self._at_once(items, places)
+        if at_once is not None:
+            key, placed = at_once
+            taker = self.successors
+            queues = taker.hand_on_queues() if taker is not None and key is not None else None
+            with self.store.at_once() as conn:
+                return _outcomes.succeed(
+                    conn,
+                    items,
+                    owner=self.owner,
+                    now=now,
+                    lease=self.lease,
+                    limitset=self.limits,
+                    places=key,
+                    placed=placed,
+                    queues=queues or (),
+                )
         with self.store.begin() as conn:
             views = _jobs.finish_many(conn, items, owner=self.owner, now=now)
             # A retry (at the end of its back-off) or a job queued again at once (an async
@@ -1043,6 +1061,22 @@ class Runner:
             if again:
                 _wakeup.announce(self.store, conn, again)
             return views, self._hand_on(conn, items, views, places, now)
+
+    def _at_once(
+        self, items: list[_jobs.Finish], places: dict[int, Places]
+    ) -> tuple[Places | None, list[int]] | None:
+        """Whether a batch is written by one statement (``_store.outcomes``: PostgreSQL, every
+        attempt a success, the placed ones under one set of places): that set and the placed
+        jobs; None: the general transaction."""
+        if self.store.caps.dialect != "postgresql":
+            return None
+        if any(f.state != SUCCEEDED or f.snoozed for f in items):
+            return None
+        placed = [f.job.id for f in items if f.job.id in places]
+        keys = {places[job_id] for job_id in placed}
+        if len(keys) > 1:
+            return None
+        return (keys.pop() if keys else None), placed
 
     def _places(self, outcomes: list[Ending]) -> dict[int, Places]:
         """The places under limits the ending attempts hold that can be handed on, by job."""
