@@ -321,6 +321,13 @@ def direct_pg_url(tmp_path: Path, sqlite_template: Path) -> str:
 
 
 @pytest.fixture
+def citus() -> citus_cluster._citus.Cluster:
+    """The pytest process's Citus cluster (:func:`helpers.citus_cluster.cluster`: started on
+    first use, stopped at the end; skipped without Citus, failed under CI)."""
+    return citus_cluster.cluster()
+
+
+@pytest.fixture
 def app(db_url: str) -> Iterator[Scheduler]:
     """A Scheduler with its own handler registry on each engine."""
     scheduler = Scheduler(db_url, registry=Registry())

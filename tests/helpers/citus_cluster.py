@@ -59,9 +59,3 @@ def url() -> str:
 def stop() -> None:
     while _started:
         _started.pop().stop()
-
-
-@pytest.fixture(scope="session")
-def citus() -> _citus.Cluster:
-    """The session's Citus cluster (see :func:`cluster`)."""
-    return cluster()
