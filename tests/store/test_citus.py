@@ -28,7 +28,7 @@ import _citus
 import pytest
 from conftest import make_url
 from helpers.citus_cluster import SCHEMA
-from sqlalchemy import Engine, event, text
+from sqlalchemy import Engine, event
 
 from scheduler import Scheduler, TaskSpec
 from scheduler._model.handlers import Registry
