@@ -320,7 +320,7 @@ def direct_pg_url(tmp_path: Path, sqlite_template: Path) -> str:
     return make_url("postgresql", tmp_path, sqlite_template)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def citus() -> citus_cluster._citus.Cluster:
     """The pytest process's Citus cluster (:func:`helpers.citus_cluster.cluster`: started on
     first use, stopped at the end; skipped without Citus, failed under CI)."""
