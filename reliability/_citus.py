@@ -12,7 +12,9 @@ two-phase commit gets one (and shows in ``pg_dist_transaction``) instead of fail
 :meth:`Cluster.distributed_schema` creates a Citus distributed schema (schema-based sharding):
 its tables live together on one worker node, and a statement that stays inside it is routed to
 that node. Everything is stopped (``pg_ctl stop -m immediate``, or ``kill -9`` of the
-postmasters this object started) and removed by :meth:`Cluster.stop`. Used by the tests
+postmasters this object started) and removed by :meth:`Cluster.stop`. A process killed before
+it could stop its cluster leaves it running: the next cluster's start stops and removes those
+whose owner (the pid in their ``owner`` file) is gone (:func:`reap_orphans`). Used by the tests
 (``tests/helpers/citus_cluster.py``).
 """
 
@@ -46,6 +48,40 @@ def problem() -> str | None:
             " run ../shared/tools/install-citus.sh as root)"
         )
     return None
+
+
+PREFIX = "scheduler-citus-"  # the clusters' directories in the temporary directory
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_orphans() -> list[Path]:
+    """Stop and remove the clusters whose owning process is gone (killed before its
+    :meth:`Cluster.stop`); the directories removed."""
+    reaped = []
+    for found in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
+        try:
+            owner = int((found / "owner").read_text())
+        except (OSError, ValueError):
+            continue  # being made, or not one of ours
+        if _alive(owner):
+            continue
+        for data in sorted(found.iterdir()):
+            if (data / "postmaster.pid").exists():
+                stop = [str(BINDIR / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]
+                prefix = ["runuser", "-u", OS_USER, "--"] if os.geteuid() == 0 else []
+                subprocess.run([*prefix, *stop], capture_output=True, timeout=60)
+        shutil.rmtree(found, ignore_errors=True)
+        reaped.append(found)
+    return reaped
 
 
 class Node:
@@ -127,7 +163,9 @@ class Cluster:
         found = problem()
         if found is not None:
             raise FileNotFoundError(found)
-        self.dir = Path(tempfile.mkdtemp(prefix="scheduler-citus-"))
+        reap_orphans()
+        self.dir = Path(tempfile.mkdtemp(prefix=PREFIX))
+        (self.dir / "owner").write_text(str(os.getpid()))
         self.root = os.geteuid() == 0
         self.prefix = ["runuser", "-u", OS_USER, "--"] if self.root else []
         self.coordinator = Node(self, "coordinator")

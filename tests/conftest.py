@@ -200,16 +200,18 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 # Every PostgreSQL case runs once more through PgBouncer, but for the few tests marked
 # ``direct``: their subject is the server or the host (vacuum, clocks), not the connection,
 # and each takes many seconds. SCHEDULER_TEST_POOLER=all runs those through it too.
-# A ``citus`` case runs for the tests marked ``citus`` only (the suite's core).
+# A ``citus`` case runs for the tests marked ``citus`` only (the suite's core);
+# SCHEDULER_TEST_CITUS=all runs every test's (to find what else Citus refuses).
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     every_pooled = os.environ.get("SCHEDULER_TEST_POOLER", "").lower() == "all"
+    every_citus = os.environ.get("SCHEDULER_TEST_CITUS", "").lower() == "all"
     keep, drop = [], []
     for item in items:
         callspec = getattr(item, "callspec", None)
         engines = callspec.params.values() if callspec is not None else ()
         through_pooler = "pgbouncer" in engines and not every_pooled
         direct = item.get_closest_marker("direct") is not None
-        on_citus = CITUS in engines and item.get_closest_marker("citus") is None
+        on_citus = CITUS in engines and not every_citus and not item.get_closest_marker("citus")
         (drop if (through_pooler and direct) or on_citus else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
