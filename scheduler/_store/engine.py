@@ -79,7 +79,8 @@ class Capabilities:
     connected: before, False). Citus refuses a function that is not ``IMMUTABLE`` in the
     ``RETURNING`` of a write to a distributed table, and a ``VOLATILE`` one (``nextval``) in
     an ``UPDATE`` of one: the enqueue's ``pg_notify`` and the tick's one-statement dispatch
-    take other forms there (``jobs.enqueue_on``, ``writers.writer_for``)."""
+    take other forms there (``jobs.enqueue_on``, ``writers.writer_for``); and a claim under
+    limits takes the limits' locks for its whole transaction (``limits_pipeline.covers``)."""
 
 
 def skip_locked(dialect: Any) -> bool:
