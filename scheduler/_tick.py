@@ -86,13 +86,13 @@ def _tick(
     report: TickReport,
     trace: _tracing.TickTrace,
 ) -> None:
-    writer = writer_for(store)
     after: Position | None = None
     seen: set[int] = set()  # the rows decided in this tick, not decided again after a jump
     jumped = owed = False  # owed: a jump skipped rows; read from the first once past the last
     # One connection reads each batch, runs its rows (or the first lane of them) and sends the
     # signals: a checkout costs a round trip where the pool pings (PostgreSQL, MariaDB).
     with store.engine.connect() as conn:
+        writer = writer_for(store)  # after the connect: Citus is known from it
         work = Work(  # after the connect: MariaDB's SKIP LOCKED is known from it
             now=now,
             job_defaults=job_defaults,

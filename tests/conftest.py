@@ -4,6 +4,11 @@ PostgreSQL (``SCHEDULER_TEST_PG``, default database ``test`` on 127.0.0.1:5432) 
 (``SCHEDULER_TEST_MYSQL``, database ``test`` on 127.0.0.1:3306) are skipped with a reason when
 unreachable on a developer's machine; with ``CI=true`` an unreachable server fails the run.
 
+``citus``: a Citus coordinator and two worker nodes of the pytest process's own, the tables in
+one distributed schema (``tests/helpers/citus_cluster.py``), for the tests marked ``citus``
+(the core of the suite); the other tests' ``citus`` cases are deselected. Skipped with the
+reason without Citus; required with ``CI=true``.
+
 ``pgbouncer``: the PostgreSQL cases once more (but those of the few tests marked ``direct``;
 all with ``SCHEDULER_TEST_POOLER=all``), through a PgBouncer in transaction mode with a
 small pool (``reliability/_pgbouncer.py``), one per pytest process, started on first use on a
@@ -47,6 +52,7 @@ _reachable: dict[str, str | None] = {}
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "reliability"))
 import _pgbouncer  # noqa: E402
+from helpers import citus_cluster  # noqa: E402
 
 PGBOUNCER_POOL = 4  # server connections the pooler keeps for this pytest process
 _bouncer: list[_pgbouncer.PgBouncer] = []
@@ -131,6 +137,9 @@ _migrated: set[str] = set()
 
 
 def _create_namespace(url: str) -> None:
+    if url not in (PG_URL, MYSQL_URL):  # Citus: the cluster's, made by cluster()
+        citus_cluster.cluster().distributed_schema(citus_cluster.SCHEMA)
+        return
     if url == PG_URL:
         ddl = f"CREATE SCHEMA IF NOT EXISTS {_SESSION}"
         server = PG_SERVER
@@ -191,15 +200,19 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 # Every PostgreSQL case runs once more through PgBouncer, but for the few tests marked
 # ``direct``: their subject is the server or the host (vacuum, clocks), not the connection,
 # and each takes many seconds. SCHEDULER_TEST_POOLER=all runs those through it too.
+# A ``citus`` case runs for the tests marked ``citus`` only (the suite's core);
+# SCHEDULER_TEST_CITUS=all runs every test's (to find what else Citus refuses).
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("SCHEDULER_TEST_POOLER", "").lower() == "all":
-        return
+    every_pooled = os.environ.get("SCHEDULER_TEST_POOLER", "").lower() == "all"
+    every_citus = os.environ.get("SCHEDULER_TEST_CITUS", "").lower() == "all"
     keep, drop = [], []
     for item in items:
         callspec = getattr(item, "callspec", None)
-        through_pooler = callspec is not None and "pgbouncer" in callspec.params.values()
+        engines = callspec.params.values() if callspec is not None else ()
+        through_pooler = "pgbouncer" in engines and not every_pooled
         direct = item.get_closest_marker("direct") is not None
-        (drop if through_pooler and direct else keep).append(item)
+        on_citus = CITUS in engines and not every_citus and not item.get_closest_marker("citus")
+        (drop if (through_pooler and direct) or on_citus else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -208,6 +221,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     while _bouncer:
         _bouncer.pop().stop()
+    citus_cluster.stop()
     _drop_namespaces()
 
 
@@ -243,6 +257,10 @@ def make_url(backend: str, tmp_path: Path, sqlite_template: Path) -> str:
         path = tmp_path / "scheduler.db"
         shutil.copy(sqlite_template, path)
         return f"sqlite:///{path}"
+    if backend == CITUS:
+        url = citus_cluster.url()
+        _fresh_server_db(url)
+        return url
     if backend == "pgbouncer":
         require_server(PG_URL, "PostgreSQL")
         url = pgbouncer_url()
@@ -267,14 +285,19 @@ def backend_url(
     return make_url(backend, tmp_path, template)
 
 
+CITUS = "citus"
+"""The engine id of a Citus cluster (:mod:`helpers.citus_cluster`), for the tests marked
+``citus``."""
+
 SERVERS = ("postgresql", "pgbouncer", "mariadb")
 """The server engines of :func:`db_url`: ``pytest.mark.parametrize("db_url", SERVERS,
 indirect=True)`` for a test that does not apply to SQLite."""
 
 
-@pytest.fixture(params=["sqlite", *SERVERS])
+@pytest.fixture(params=["sqlite", *SERVERS, CITUS])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path) -> str:
-    """A migrated, empty database on each engine (PostgreSQL also through PgBouncer)."""
+    """A migrated, empty database on each engine (PostgreSQL also through PgBouncer; Citus for
+    the tests marked ``citus``)."""
     return backend_url(request, request.param, tmp_path, sqlite_template)
 
 
@@ -285,9 +308,10 @@ def db_url_sp(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: P
     return backend_url(request, request.param, tmp_path, sqlite_template)
 
 
-@pytest.fixture(params=["postgresql", "pgbouncer"])
+@pytest.fixture(params=["postgresql", "pgbouncer", CITUS])
 def pg_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path) -> str:
-    """A migrated, empty PostgreSQL database, directly and through PgBouncer."""
+    """A migrated, empty PostgreSQL database, directly and through PgBouncer (and on Citus for
+    the tests marked ``citus``)."""
     return backend_url(request, request.param, tmp_path, sqlite_template)
 
 
@@ -296,6 +320,13 @@ def direct_pg_url(tmp_path: Path, sqlite_template: Path) -> str:
     """A migrated, empty PostgreSQL database reached directly, never through a pooler (what
     must be: ``pg_terminate_backend`` of one's own backend, ``pg_prepared_statements``)."""
     return make_url("postgresql", tmp_path, sqlite_template)
+
+
+@pytest.fixture(scope="session")
+def citus() -> citus_cluster._citus.Cluster:
+    """The pytest process's Citus cluster (:func:`helpers.citus_cluster.cluster`: started on
+    first use, stopped at the end; skipped without Citus, failed under CI)."""
+    return citus_cluster.cluster()
 
 
 @pytest.fixture

@@ -74,6 +74,13 @@ class Capabilities:
     multi_statements: bool = False
     """One query may carry several statements (PyMySQL connected with ``MULTI_STATEMENTS``,
     as :func:`make_engine` does): a row's statements in one round trip."""
+    citus: bool = False
+    """PostgreSQL with the Citus extension in the database (known once the engine has
+    connected: before, False). Citus refuses a function that is not ``IMMUTABLE`` in the
+    ``RETURNING`` of a write to a distributed table, and a ``VOLATILE`` one (``nextval``) in
+    an ``UPDATE`` of one: the enqueue's ``pg_notify`` and the tick's one-statement dispatch
+    take other forms there (``jobs.enqueue_on``, ``writers.writer_for``); and a claim under
+    limits takes the limits' locks for its whole transaction (``limits_pipeline.covers``)."""
 
 
 def skip_locked(dialect: Any) -> bool:
@@ -100,6 +107,23 @@ def nowait(dialect: Any) -> bool:
 def multi_statements(dbapi_connection: Any) -> bool:
     """Whether `dbapi_connection` (PyMySQL's) accepts several statements in one query."""
     return bool(getattr(dbapi_connection, "client_flag", 0) & CLIENT_MULTI_STATEMENTS)
+
+
+CITUS_INSTALLED = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
+
+
+def citus(dbapi_connection: Any) -> bool:
+    """Whether the database of `dbapi_connection` (PostgreSQL's) has the Citus extension. The
+    connection is left as it was found, outside any transaction."""
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(CITUS_INSTALLED)
+        row = cursor.fetchone()
+    finally:
+        cursor.close()
+    if not getattr(dbapi_connection, "autocommit", False):
+        dbapi_connection.rollback()
+    return bool(row and row[0])
 
 
 def _several_statements(engine: Engine) -> None:
@@ -385,6 +409,11 @@ class Store:
         elif name in ("mysql", "mariadb"):  # an engine of the caller's that has connected:
             # its connections are pooled already; detect from the next one handed out
             event.listen(self.engine, "checkout", self._detect_on_checkout, once=True)
+        elif name == "postgresql":  # Citus: once per engine, on its first connection
+            first = dialect.server_version_info is None  # else the caller's, connected
+            event.listen(
+                self.engine, "connect" if first else "checkout", self._detect_citus, once=True
+            )
         self._helpers: ThreadPoolExecutor | None = None
         self._helper_threads = 0
         self._helper_pid = 0
@@ -402,6 +431,9 @@ class Store:
 
     def _detect_on_checkout(self, dbapi_connection: Any, record: Any, _proxy: Any) -> None:
         self._detect_version(dbapi_connection, record)
+
+    def _detect_citus(self, dbapi_connection: Any, *_args: Any) -> None:
+        self.caps = replace(self.caps, citus=citus(dbapi_connection))
 
     def helpers(self, threads: int) -> ThreadPoolExecutor:
         """Threads for work spread over several connections (the tick's lanes), kept between

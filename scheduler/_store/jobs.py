@@ -169,9 +169,10 @@ def enqueue(store: Store, values: dict[str, Any]) -> int:
     key, return the active job holding that key if any.
 
     Without a dedupe key the job is one statement (the ``INSERT``, which carries its wake-up on
-    PostgreSQL): through psycopg, where no transaction pooler needs each transaction to carry
-    its settings, that statement runs in the driver's autocommit, its own transaction, in one
-    round trip instead of three (``BEGIN``, ``INSERT``, ``COMMIT``)."""
+    PostgreSQL; on Citus a query around it does): through psycopg, where no transaction
+    pooler needs each transaction to carry its settings, that statement runs in the driver's
+    autocommit, its own transaction, in one round trip instead of three (``BEGIN``,
+    ``INSERT``, ``COMMIT``)."""
     if values.get("dedupe_key") is None and store.caps.autocommit_reads:
         return retry("enqueue", lambda: _enqueue_alone(store, values))
 
@@ -221,7 +222,9 @@ def enqueue_on(store: Store, conn: Connection, values: dict[str, Any]) -> int:
             job_id = insert_job(conn, values)
             _wakeup.announce(store, conn, ready)
             return job_id
-        found = conn.execute(_INSERT_NOTIFYING, _notifying(values)).first()
+        citus = store.caps.citus
+        notifying = _citus_notifying(tuple(values), False) if citus else _INSERT_NOTIFYING
+        found = conn.execute(notifying, _notifying(values)).first()
         assert found is not None
         _wakeup.announced(store, conn, ready)
         return int(found[0])
@@ -229,7 +232,11 @@ def enqueue_on(store: Store, conn: Connection, values: dict[str, Any]) -> int:
     for _ in range(_DEDUPE_ROUNDS):
         if upsert is not None:
             if fold:
-                row = conn.execute(_upsert_notifying(conn.dialect.name), _notifying(values))
+                if store.caps.citus:
+                    statement = _citus_notifying(tuple(values), True)
+                else:
+                    statement = _upsert_notifying(conn.dialect.name)
+                row = conn.execute(statement, _notifying(values))
                 found = row.scalar()
             else:
                 found = conn.execute(upsert, values).scalar()
@@ -266,6 +273,22 @@ def _notifying(values: dict[str, Any]) -> dict[str, Any]:
 def _upsert_notifying(dialect_name: str) -> Any:
     """PostgreSQL's dedupe-key INSERT that also notifies the workers of the job it inserted."""
     return _bulk.upsert_by_name(dialect_name).returning(_wakeup.NOTIFY_COLUMN)
+
+
+@functools.cache
+def _citus_notifying(columns: tuple[str, ...], dedupe: bool) -> Any:
+    """Citus: the enqueue's INSERT of ``columns`` (with a dedupe key: its ``ON CONFLICT DO
+    NOTHING``) as a CTE, and its id and :data:`_wakeup.NOTIFY_COLUMN` selected from it.
+
+    Citus refuses ``pg_notify`` in the ``RETURNING`` of a write to a distributed table (it
+    would run on the worker node, where nobody listens). Written this way the INSERT is routed
+    to the node that holds the schema's tables, and the query around it runs on the
+    coordinator, where the workers listen: still one statement, its own transaction, and no
+    notification for a conflict (the CTE returns no row)."""
+    base = _bulk.upsert_by_name("postgresql") if dedupe else insert(jobs).returning(jobs.c.id)
+    written = {name: bindparam(name, type_=jobs.c[name].type) for name in columns}
+    inserted = base.values(written).cte("inserted")
+    return select(inserted.c.id, _wakeup.NOTIFY_COLUMN)
 
 
 def enqueue_many_on(store: Store, conn: Connection, items: Sequence[dict[str, Any]]) -> list[int]:

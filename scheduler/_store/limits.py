@@ -321,7 +321,8 @@ def hand_on(
     wanted: dict[Places, int] = {}
     for places in ended.values():
         wanted[places] = wanted.get(places, 0) + 1
-    at_once = store.caps.dialect == "postgresql" and bool(queues)
+    # Citus: a WITH of several writes would not run on one node as one statement.
+    at_once = store.caps.dialect == "postgresql" and not store.caps.citus and bool(queues)
     if not at_once:
         conn.execute(release)
         gone = None

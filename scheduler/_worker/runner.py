@@ -1065,11 +1065,11 @@ class Runner:
     def _at_once(
         self, items: list[_jobs.Finish], places: dict[int, Places]
     ) -> tuple[Places | None, list[int]] | None:
-        """Whether a batch is written by one statement (``_store.outcomes``: PostgreSQL, every
-        attempt a success, the placed ones under one set of places): that set and the placed
+        """Whether a batch is written by one statement (``_store.outcomes``: PostgreSQL but not
+        Citus, every attempt a success, the placed ones under one set of places): that set and the placed
         jobs; None: the general transaction."""
-        if self.store.caps.dialect != "postgresql":
-            return None
+        if self.store.caps.dialect != "postgresql" or self.store.caps.citus:
+            return None  # Citus: a WITH of several writes is not one router statement
         if any(f.state != SUCCEEDED or f.snoozed for f in items):
             return None
         placed = [f.job.id for f in items if f.job.id in places]

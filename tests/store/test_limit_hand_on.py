@@ -22,6 +22,8 @@ from scheduler._store.tables import jobs, limit_holds
 
 T0 = datetime(2030, 1, 7, 12, 0, 0, tzinfo=UTC)
 
+pytestmark = pytest.mark.citus  # on Citus too (tests/helpers/citus_cluster.py): statements apart
+
 
 class Taker:
     """Stands where a worker stands (the runner's ``successors``): keeps what it is handed."""

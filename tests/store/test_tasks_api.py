@@ -16,6 +16,8 @@ from scheduler import ConfigError, Scheduler, SchedulerError, TaskSpec
 from scheduler._model.handlers import Registry
 from scheduler.testing import ManualClock
 
+pytestmark = pytest.mark.citus  # the suite's core: on Citus too (tests/helpers/citus_cluster.py)
+
 NOW = datetime(2030, 1, 7, 12, 0, tzinfo=UTC)  # a Monday
 
 

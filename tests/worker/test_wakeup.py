@@ -201,6 +201,7 @@ def _write_job(app: Scheduler, *, commit: bool) -> None:
                 tx.rollback()
 
 
+@pytest.mark.citus
 def test_a_rolled_back_enqueue_wakes_nobody_postgresql(pg_url: str) -> None:
     app = make_app(pg_url)
     waiter = _wakeup.Waiter(threading.Event(), ["default"], app.clock)
@@ -369,6 +370,7 @@ def test_a_sqlite_worker_does_not_wake_itself(tmp_path: Path, sqlite_template: P
 
 
 # -- as many workers as there are jobs -------------------------------------------------------------
+@pytest.mark.citus
 def test_the_broker_wakes_one_worker_per_job(redis_server: RedisServer, pg_url: str) -> None:
     app = make_app(pg_url, broker_url=redis_server.url)
     waiters = [_wakeup.Waiter(threading.Event(), ["default"], app.clock) for _ in range(3)]
@@ -396,6 +398,7 @@ def test_the_broker_wakes_one_worker_per_job(redis_server: RedisServer, pg_url: 
         app.close()
 
 
+@pytest.mark.citus
 def test_the_process_wakes_one_worker_per_job_with_a_free_slot(pg_url: str) -> None:
     app = make_app(pg_url)
     free = [False, True, True]
@@ -417,9 +420,10 @@ def test_the_process_wakes_one_worker_per_job_with_a_free_slot(pg_url: str) -> N
 
 
 # -- worker processes ---------------------------------------------------------------------------
-BACKENDS = ["sqlite", "postgresql", "postgresql+broker", "mariadb+broker"]
+BACKENDS = ["sqlite", "postgresql", "postgresql+broker", "mariadb+broker", "citus"]
 
 
+@pytest.mark.citus
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_worker_process_starts_each_new_job_without_waiting_for_its_poll(
@@ -467,6 +471,7 @@ def _task(name: str) -> Any:
     return TaskSpec(name=name, cron="* * * * * *", handler="wake.stamp")
 
 
+@pytest.mark.citus
 @pytest.mark.slow
 def test_a_killed_listen_connection_loses_no_job(
     pg_url: str, tmp_path: Path, workers: list[WorkerProcess]
@@ -481,7 +486,7 @@ def test_a_killed_listen_connection_loses_no_job(
     wait_for(lambda: len(worker.lines()) == 5, what="the first jobs")
     with app.store.engine.connect() as conn:
         killed = conn.execute(
-            text("SELECT pg_terminate_backend(:pid)"), {"pid": worker.listen_pid}
+            text("SELECT pg_terminate_backend(CAST(:pid AS integer))"), {"pid": worker.listen_pid}
         ).scalar()
     assert killed
     ids += [app.enqueue("wake.stamp", {"t": time.time()}) for _ in range(5)]
@@ -605,6 +610,7 @@ def test_behind_a_pooler_without_listen_url_workers_poll_and_status_says_so(
         listened.close()
 
 
+@pytest.mark.citus
 def test_wake_ups_off_announce_nothing(pg_url: str) -> None:
     app = make_app(pg_url, wakeups=False)
     waiter = _wakeup.Waiter(threading.Event(), ["default"], app.clock)

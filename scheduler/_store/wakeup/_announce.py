@@ -256,7 +256,8 @@ def folds(store: Store, conn: Connection) -> bool:
     """Whether an announcement on ``conn`` is a ``pg_notify`` (PostgreSQL without a broker,
     wake-ups on) that an INSERT can carry as :data:`NOTIFY_COLUMN`, with the parameter
     ``p_wakeup`` from :func:`notify_payload`; then call :func:`announced` instead of
-    :func:`announce`."""
+    :func:`announce`. (On Citus the INSERT is a CTE of the query that carries the column:
+    ``jobs.enqueue_on``.)"""
     hub = hub_of(store, conn)
     return hub.enabled and hub.broker_url is None and conn.dialect.name == "postgresql"
 

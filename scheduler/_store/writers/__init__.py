@@ -13,7 +13,10 @@ version. Two implementations:
 - :class:`~scheduler._store.writers.postgres.PostgresWriter` (``postgres.py``): PostgreSQL with
   psycopg; a fresh dispatch is one statement (the compare-and-swap and the INSERT in one CTE),
   and the batch's fresh dispatches run at once over several connections from one thread
-  (``scheduler/_store/pipeline.py``), so that their commits share WAL flushes.
+  (``scheduler/_store/pipeline.py``), so that their commits share WAL flushes. Not on Citus:
+  it refuses the statement (a ``VOLATILE`` function, the sequence's ``nextval``, in an
+  ``UPDATE`` of a distributed table), so there the portable writer's statements run, each
+  routed to the node that holds the shard's tables, in the row's one transaction.
 
 :func:`writer_for` picks one per engine, once, from the store's capabilities
 (``Store.caps``). Correctness never rests on the choice: every implementation writes through
@@ -44,14 +47,15 @@ _chosen: weakref.WeakKeyDictionary[Engine, Writer] = weakref.WeakKeyDictionary()
 
 
 def writer_for(store: Store) -> Writer:
-    """The writer for `store`'s engine, chosen once from its capabilities."""
+    """The writer for `store`'s engine, chosen once from its capabilities (ask once the engine
+    has connected: Citus is known from its first connection)."""
     found = _chosen.get(store.engine)
     if found is None:
         from .portable import PortableWriter
         from .postgres import PostgresWriter
 
         caps = store.caps
-        if caps.pipeline:
+        if caps.pipeline and not caps.citus:
             found = PostgresWriter()
         else:
             found = PortableWriter(single_writer=caps.single_writer)

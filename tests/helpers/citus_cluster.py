@@ -1,0 +1,61 @@
+"""The ``citus`` engine of the contract suite: a Citus coordinator and two worker nodes of this
+pytest process's own (``reliability/_citus.py``), started on first use on free ports and stopped
+at the end of the session, and the scheduler's tables in one Citus distributed schema,
+:data:`SCHEMA` (schema-based sharding: its tables live on one worker node, and every statement
+that stays inside it is routed there).
+
+Without Citus (``../shared/tools/install-citus.sh`` builds and installs it for PostgreSQL 15) the
+``citus`` cases skip with the reason; with ``CI=true`` they fail.
+
+A test runs on it when it takes ``db_url`` or ``pg_url`` and is marked ``citus`` (the core of
+the suite: the queue, the tick, rows, the runtime task API, wake-ups); the others' ``citus``
+cases are deselected (``tests/conftest.py``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+
+import _citus
+import pytest
+
+SCHEMA = "scheduler_shard_0"
+"""The distributed schema the tests' scheduler uses (the name of a shard's schema)."""
+
+_IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+_started: list[_citus.Cluster] = []
+_problem: list[str] = []
+
+
+def cluster() -> _citus.Cluster:
+    """This pytest process's cluster, started on first use (about 3 s) and stopped at the end
+    of the session (or at exit); skips (fails under CI) when it cannot be started."""
+    if not _started and not _problem:
+        try:
+            made = _citus.Cluster(workers=2)
+        except FileNotFoundError as exc:
+            _problem.append(str(exc))
+        else:
+            atexit.register(made.stop)  # also if the session never finishes cleanly
+            try:
+                _started.append(made.start())
+            except BaseException:
+                made.stop()
+                raise
+            made.distributed_schema(SCHEMA)
+    if _problem:
+        if _IN_CI:
+            pytest.fail(f"Citus: {_problem[0]}; CI requires it", pytrace=False)
+        pytest.skip(f"Citus: {_problem[0]}")
+    return _started[0]
+
+
+def url() -> str:
+    """The coordinator's URL with ``search_path`` on :data:`SCHEMA` (the scheduler's tables)."""
+    return cluster().url(SCHEMA)
+
+
+def stop() -> None:
+    while _started:
+        _started.pop().stop()

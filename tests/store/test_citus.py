@@ -1,0 +1,195 @@
+"""On Citus (a coordinator and two workers of the session's own, ``tests/helpers/citus_cluster.py``;
+the scheduler's tables in one distributed schema): every statement the scheduler sends for an
+enqueue, a claim, a heartbeat, an outcome, a takeover and a tick is a single-node (router)
+statement, and none of the tick, the claim and the enqueue needs a two-phase commit.
+
+Read from Citus itself: with ``citus.log_remote_commands`` on, the coordinator tells the client
+each command it sends to a node, and the node (a ``LOG`` notice, its ``DETAIL`` naming the
+server); each of our statements' notices must name the one worker node that holds the schema,
+and none may be a ``PREPARE TRANSACTION`` (a two-phase commit). ``pg_dist_transaction`` (where
+the coordinator records two-phase commits until it recovers them, every minute by default)
+must not grow. The ``EXPLAIN`` of the claim names one task on that node.
+
+Without Citus these skip with the reason; with ``CI=true`` they fail.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import _citus
+import pytest
+from conftest import make_url
+from helpers.citus_cluster import SCHEMA
+from sqlalchemy import Engine, event
+
+from scheduler import Scheduler, TaskSpec
+from scheduler._model.handlers import Registry
+from scheduler._worker.runner import RunningJob
+from scheduler.testing import ManualClock
+
+T0 = datetime(2030, 1, 7, 12, 0, 0, tzinfo=UTC)
+_SERVER = re.compile(r"on server \S+@([\d.]+):(\d+)")
+
+
+@dataclass
+class Sent:
+    """One statement of ours, and the commands the coordinator sent to nodes for it (its
+    transaction's ``COMMIT`` included, when that is what follows it): (command, node port)."""
+
+    statement: str
+    parameters: Any
+    remote: list[tuple[str, int]] = field(default_factory=list)
+
+
+class RemoteCommands:
+    """Every statement an engine sends, with the remote commands Citus logs for it."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.sent: list[Sent] = []
+        self._current: dict[int, Sent] = {}  # by driver connection
+        self._lock = threading.Lock()
+        event.listen(engine, "connect", self._on_connect)
+        event.listen(engine, "before_cursor_execute", self._on_execute)
+
+    def _on_connect(self, dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.execute("SET citus.log_remote_commands TO on")
+        dbapi_connection.execute("SET client_min_messages TO log")
+        dbapi_connection.commit()
+        key = id(dbapi_connection)
+        dbapi_connection.add_notice_handler(lambda diag: self._on_notice(key, diag))
+
+    def _on_execute(
+        self, conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any
+    ) -> None:
+        sent = Sent(statement, parameters)
+        with self._lock:
+            self._current[id(conn.connection.driver_connection)] = sent
+            self.sent.append(sent)
+
+    def _on_notice(self, key: int, diag: Any) -> None:
+        found = _SERVER.search(diag.message_detail or "")
+        sent = self._current.get(key)
+        if found is not None and sent is not None:
+            sent.remote.append((diag.message_primary or "", int(found.group(2))))
+
+    @contextmanager
+    def during(self) -> Iterator[list[Sent]]:
+        """The statements sent inside the ``with`` block."""
+        start = len(self.sent)
+        found: list[Sent] = []
+        yield found
+        found.extend(self.sent[start:])
+
+
+@pytest.fixture
+def citus_app(
+    citus: _citus.Cluster, tmp_path: Path, sqlite_template: Path
+) -> Iterator[tuple[Scheduler, RemoteCommands, ManualClock]]:
+    url = make_url("citus", tmp_path, sqlite_template)
+    clock = ManualClock(T0)
+    app = Scheduler(url, registry=Registry(), clock=clock, worker_id="A", lease_seconds=60)
+    remote = RemoteCommands(app.store.engine)
+    app.handler("ok")(lambda job: None)
+
+    @app.handler("flaky", max_attempts=3, retry_safe=True)
+    def flaky(job: Any) -> None:
+        raise RuntimeError("try again")
+
+    yield app, remote, clock
+    app.close()
+
+
+def two_phase_commits(citus: _citus.Cluster) -> int:
+    return int(citus.coordinator.sql("SELECT count(*) FROM pg_dist_transaction"))
+
+
+def assert_router(citus: _citus.Cluster, sent: list[Sent], what: str) -> None:
+    """Each statement's remote commands go to the one node holding the schema, none is a
+    two-phase commit's; and the operation did reach that node."""
+    node = citus.node_of(SCHEMA).port
+    assert sent, f"{what}: no statement"
+    for one in sent:
+        ports = {port for _, port in one.remote}
+        assert ports <= {node}, (what, one.statement, one.remote)
+        prepared = [c for c, _ in one.remote if "PREPARE TRANSACTION" in c or "PREPARED" in c]
+        assert prepared == [], (what, one.statement, prepared)
+    assert any(one.remote for one in sent), f"{what}: nothing reached the worker node"
+
+
+def test_every_statement_kind_is_routed_to_one_node_without_two_phase_commit(
+    citus: _citus.Cluster, citus_app: tuple[Scheduler, RemoteCommands, ManualClock]
+) -> None:
+    app, remote, clock = citus_app
+    runner = app.runner()
+    before = two_phase_commits(citus)
+
+    with remote.during() as enqueue:
+        job_id = app.enqueue("ok")
+        app.enqueue("ok", dedupe_key="once")
+        app.enqueue("ok", dedupe_key="once")  # the key is held: its holder is returned
+    assert_router(citus, enqueue, "enqueue")
+
+    with remote.during() as claim:
+        [job] = runner.claim()
+    assert job.id == job_id
+    assert_router(citus, claim, "claim")
+
+    with remote.during() as heartbeat:
+        RunningJob(job, runner).heartbeat()
+    assert_router(citus, heartbeat, "heartbeat")
+
+    with remote.during() as outcome:
+        assert runner.run(job) == "succeeded"
+    assert_router(citus, outcome, "outcome (success)")
+
+    app.enqueue("flaky")
+    with remote.during() as retry:
+        [other] = [j for j in runner.claim() if j.handler == "flaky"] or runner.claim()
+        runner.run(other)
+    found = app.get_job(other.id)
+    assert found is not None and found.state == "queued"  # to be retried
+    assert_router(citus, retry, "claim and outcome (retry)")
+
+    clock.advance(minutes=10)
+    [stuck] = [j for j in runner.claim() if j.handler == "flaky"]  # its retry, then lost
+    clock.advance(seconds=61)
+    with remote.during() as takeover:
+        [taken] = app.runner().take_over()
+    assert taken.id == stuck.id
+    assert_router(citus, takeover, "takeover")
+
+    app.sync([TaskSpec(name="nightly", cron="0 3 * * *", handler="ok", timezone="UTC")])
+    with remote.during() as tick:
+        assert app.tick(now=T0 + timedelta(days=1)).dispatched == ["nightly"]
+        assert app.tick(now=T0 + timedelta(days=1, seconds=1)).dispatched == []
+    assert_router(citus, tick, "tick")
+
+    assert two_phase_commits(citus) == before
+
+
+def test_the_claim_s_plan_is_one_task_on_the_schema_s_node(
+    citus: _citus.Cluster, citus_app: tuple[Scheduler, RemoteCommands, ManualClock]
+) -> None:
+    """``EXPLAIN`` of the claim as the scheduler sends it: Citus's router plan, one task on the
+    node that holds the schema."""
+    app, remote, _clock = citus_app
+    app.enqueue("ok")
+    with remote.during() as claim:
+        [_job] = app.runner().claim()
+    [sent] = [s for s in claim if "UPDATE scheduler_jobs" in s.statement]
+    node = citus.node_of(SCHEMA)
+    with app.store.engine.connect() as conn:  # its values too: EXPLAIN does not run it
+        cursor = conn.connection.driver_connection.cursor()
+        cursor.execute(f"EXPLAIN (COSTS OFF) {sent.statement}", sent.parameters)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        conn.rollback()
+    assert "Task Count: 1" in plan, plan
+    assert f"port={node.port}" in plan, plan
