@@ -349,10 +349,10 @@ def hand_on(
 
 
 def fitting(
-    limitset: LimitSet, places: Places, dialect: str, *, now: datetime, queues: Sequence[str]
+    limitset: LimitSet, places: Places, dialect: str, *, now: Any, queues: Sequence[str]
 ) -> Select[Any]:
     """The ready jobs under exactly the limits of ``places``, each in its partition there, in
-    the claim's order."""
+    the claim's order (``now``: the instant, or a bound parameter for it)."""
     parts = dict(places)
     ready = [jobs.c.state == QUEUED, jobs.c.run_at <= now, jobs.c.queue.in_(list(queues))]
     for limit in limitset.limits:

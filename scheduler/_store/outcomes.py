@@ -16,6 +16,7 @@ start together or neither.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -25,6 +26,7 @@ from sqlalchemy import (
     BigInteger,
     Connection,
     DateTime,
+    Select,
     any_,
     bindparam,
     cast,
@@ -51,27 +53,17 @@ def _naive(value: datetime | None) -> datetime | None:
     return None if value is None else as_utc(value).replace(tzinfo=None)
 
 
-def succeed(
-    conn: Connection,
-    items: Sequence[Finish],
-    *,
-    owner: str,
-    now: datetime,
-    lease: timedelta,
-    limitset: LimitSet | None = None,
-    places: Places | None = None,
-    placed: Sequence[int] = (),
-    queues: Sequence[str] = (),
-) -> tuple[list[Job | None], list[Job]]:
-    """End ``items`` (all successes) under ``owner``'s leases and append their history; with
-    ``places`` (the places the jobs ``placed`` among them hold, one set for all) and
-    ``queues``, claim as many ready jobs as those of ``placed`` that ended, into the same
-    places, for ``owner``. Returns each item's job as it now stands (None: its lease was
-    lost) and the jobs claimed."""
-    ids = [f.job.id for f in items]
+_IDS = ARRAY(BigInteger)
+
+
+@functools.cache
+def _ends() -> tuple[Any, Any]:
+    """The ends under the leases (``done``: their ids, attempts and slots) and their history
+    (``history``), as CTEs with bound parameters, built once: building a statement costs more
+    than running it."""
     done = (
         update(jobs)
-        .where(jobs.c.id == any_(cast(bindparam("p_ids"), ARRAY(BigInteger))), held_guard())
+        .where(jobs.c.id == any_(cast(bindparam("p_ids"), _IDS)), held_guard())
         .values(
             state=SUCCEEDED,
             finished_at=bindparam("p_now"),
@@ -84,13 +76,11 @@ def succeed(
     )
     starts = (
         func.unnest(
-            cast(bindparam("p_ids_again"), ARRAY(BigInteger)),
-            cast(bindparam("p_starts"), ARRAY(DateTime())),
+            cast(bindparam("p_ids_again"), _IDS), cast(bindparam("p_starts"), ARRAY(DateTime()))
         )
         .table_valued("id", "started_at")
         .render_derived(name="starts")
     )
-    at = literal(now, type_=runs.c.finished_at.type)
     history = (
         insert(runs)
         .from_select(
@@ -109,35 +99,40 @@ def succeed(
                 done.c.id,
                 done.c.attempts,
                 starts.c.started_at,
-                at,
+                bindparam("p_finished", type_=runs.c.finished_at.type),
                 literal(str(SUCCEEDED), type_=runs.c.outcome.type),
                 null(),
-                literal(owner, type_=runs.c.worker.type),
+                bindparam("p_worker", type_=runs.c.worker.type),
                 done.c.slot,
                 null(),
             ).select_from(done.join(starts, starts.c.id == done.c.id)),
         )
         .cte("history")
     )
-    params: dict[str, Any] = {
-        "p_ids": ids,
-        "p_ids_again": ids,
-        "p_starts": [_naive(f.started_at) for f in items],
-        "p_owner": owner,
-        "p_now": now,
-    }
-    ended_ids = select(done.c.id)
-    if places is None or not placed or not queues or limitset is None:
-        rows = conn.execute(ended_ids.add_cte(history), params).scalars().all()
-        return _views(items, set(rows), now), []
-    # The places of the placed jobs that ended here: their holds go, as many jobs come in.
-    mine = done.c.id.in_(list(placed))
+    return done, history
+
+
+@functools.cache
+def _plain() -> Select[Any]:
+    done, history = _ends()
+    return select(done.c.id).add_cte(history)
+
+
+def handing_on(limitset: LimitSet, places: Places, queues: tuple[str, ...]) -> Select[Any]:
+    """The statement that also hands the places of the jobs of ``p_placed`` that ended to as
+    many ready jobs in ``queues`` (``limits.fitting``): the ended ones' holds deleted, the
+    next ones claimed for ``p_owner`` until ``p_until`` with their holds. Its rows: a handed
+    job's columns, or an ended job's id (``ended_id``). Build it once per ``places`` and
+    ``queues`` (:class:`Statements`)."""
+    done, history = _ends()
+    mine = done.c.id == any_(cast(bindparam("p_placed"), _IDS))
     names = sorted(name for name, _ in places)
     gone = delete(limit_holds).where(
         limit_holds.c.limit_name.in_(names),
         limit_holds.c.job_id.in_(select(done.c.id).where(mine)),
     )
     room = select(func.count()).select_from(done).where(mine).scalar_subquery()
+    now = bindparam("p_now", type_=jobs.c.run_at.type)
     pick = fitting(limitset, places, "postgresql", now=now, queues=queues)
     ready = pick.limit(room).with_for_update(skip_locked=True).cte("handed_ready")
     won = (
@@ -147,7 +142,7 @@ def succeed(
         .returning(*jobs.c)
         .cte("handed_won")
     )
-    start = literal(now, type_=limit_holds.c.started_at.type)
+    start = bindparam("p_started", type_=limit_holds.c.started_at.type)
     holds = [
         select(literal(name).label("n"), literal(part).label("p"), won.c.id, start)
         for name, part in places
@@ -165,11 +160,58 @@ def succeed(
         select(*[cast(null(), c.type).label(c.name) for c in jobs.c], done.c.id),
     )
     statement = select(both.subquery()).add_cte(history).add_cte(gone.cte("handed_gone"))
-    statement = statement.add_cte(held)
-    params.update({"p_until": now + lease})
+    return statement.add_cte(held)
+
+
+class Statements:
+    """One runner's hand-on statements, built once per set of places and queues."""
+
+    def __init__(self, limitset: LimitSet) -> None:
+        self.limitset = limitset
+        self._built: dict[tuple[Places, tuple[str, ...]], Select[Any]] = {}
+
+    def get(self, places: Places, queues: tuple[str, ...]) -> Select[Any]:
+        key = (places, queues)
+        found = self._built.get(key)
+        if found is None:
+            if len(self._built) > 256:  # many partitions: keep the recent ones
+                self._built.clear()
+            found = self._built[key] = handing_on(self.limitset, places, queues)
+        return found
+
+
+def succeed(
+    conn: Connection,
+    items: Sequence[Finish],
+    *,
+    owner: str,
+    now: datetime,
+    lease: timedelta,
+    hand_on: Select[Any] | None = None,
+    placed: Sequence[int] = (),
+) -> tuple[list[Job | None], list[Job]]:
+    """End ``items`` (all successes) under ``owner``'s leases and append their history; with
+    ``hand_on`` (:meth:`Statements.get` for the places the jobs ``placed`` among them hold),
+    claim as many ready jobs as those of ``placed`` that ended, into the same places, for
+    ``owner``. Returns each item's job as it now stands (None: its lease was lost) and the
+    jobs claimed."""
+    ids = [f.job.id for f in items]
+    params: dict[str, Any] = {
+        "p_ids": ids,
+        "p_ids_again": ids,
+        "p_starts": [_naive(f.started_at) for f in items],
+        "p_owner": owner,
+        "p_worker": owner,
+        "p_now": now,
+        "p_finished": now,
+    }
+    if hand_on is None or not placed:
+        found = conn.execute(_plain(), params).scalars().all()
+        return _views(items, set(found), now), []
+    params.update({"p_placed": list(placed), "p_until": now + lease, "p_started": now})
     ended: set[int] = set()
     handed: list[Job] = []
-    for row in conn.execute(statement, params):
+    for row in conn.execute(hand_on, params):
         if row.ended_id is not None:
             ended.add(row.ended_id)
         else:

@@ -257,6 +257,7 @@ class Runner:
         #: Set by a worker: ending attempts hand their places under limits to ready jobs in
         #: the transaction that records them, and it runs those (None: places go back).
         self.successors: Successors | None = None
+        self._handing = _outcomes.Statements(self.limits)  # PostgreSQL's, built once each
         #: Seconds a claim that found its limits full holds off the next look under limits,
         #: unless a place came back meanwhile (a worker that hands places on:
         #: LIMITS_FULL_SECONDS); 0: every claim looks.
@@ -1041,6 +1042,7 @@ class Runner:
             key, placed = at_once
             taker = self.successors
             queues = taker.hand_on_queues() if taker is not None and key is not None else None
+            hand_on = self._handing.get(key, queues) if key is not None and queues else None
             with self.store.at_once() as conn:
                 return _outcomes.succeed(
                     conn,
@@ -1048,10 +1050,8 @@ class Runner:
                     owner=self.owner,
                     now=now,
                     lease=self.lease,
-                    limitset=self.limits,
-                    places=key,
+                    hand_on=hand_on,
                     placed=placed,
-                    queues=queues or (),
                 )
         with self.store.begin() as conn:
             views = _jobs.finish_many(conn, items, owner=self.owner, now=now)
@@ -1066,8 +1066,8 @@ class Runner:
         self, items: list[_jobs.Finish], places: dict[int, Places]
     ) -> tuple[Places | None, list[int]] | None:
         """Whether a batch is written by one statement (``_store.outcomes``: PostgreSQL but not
-        Citus, every attempt a success, the placed ones under one set of places): that set and the placed
-        jobs; None: the general transaction."""
+        Citus, every attempt a success, the placed ones under one set of places): that set and
+        the placed jobs; None: the general transaction."""
         if self.store.caps.dialect != "postgresql" or self.store.caps.citus:
             return None  # Citus: a WITH of several writes is not one router statement
         if any(f.state != SUCCEEDED or f.snoozed for f in items):
