@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, delete, func, insert, select
 
+from . import partitions as _partitions
 from .driver import Prepared, PreparedSet
 from .tables import decisions
 
@@ -102,7 +103,12 @@ def purge(conn: Connection, *, before: datetime) -> int:
     with their ids: the first id decided at or after `before` is found by bisection on the
     primary key (about log2(ids) lookups), and the ids below it are deleted if they are older
     than `before`. An entry whose time is out of that order (a clock set back, a tick given
-    an earlier ``now``) is never deleted early: at worst it stays until a later purge."""
+    an earlier ``now``) is never deleted early: at worst it stays until a later purge.
+
+    Where the log is partitioned by day (PostgreSQL), only the default partition's entries are
+    deleted here (it holds few: a day partition's go with it, ``_store/partitions.py``)."""
+    if _partitions.partitioned(conn, decisions.name):
+        return _partitions.delete_default(conn, decisions, "decided_at", before)
     low, high = conn.execute(_ID_RANGE).one()
     if low is None:
         return 0
