@@ -42,7 +42,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 
-from sqlalchemy import Connection, Index, Table, column, delete, table, text
+from sqlalchemy import Connection, Index, Table, column, table, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.expression import TableClause
 
@@ -103,7 +103,7 @@ def default_partition(conn: Connection, parent: Table) -> TableClause | Table:
     partitioned, else itself."""
     if not partitioned(conn, parent.name):
         return parent
-    return table(default_name(parent.name), *(column(c.name) for c in parent.columns))
+    return table(default_name(parent.name), *(column(c.name, c.type) for c in parent.columns))
 
 
 def days(conn: Connection, name: str) -> dict[date, str]:
@@ -131,33 +131,44 @@ def _sqlstate(exc: DBAPIError) -> str | None:
     return state if isinstance(state, str) else None
 
 
-def _step(conn: Connection, statements: Iterable[str]) -> str | None:
-    """Run `statements` in a savepoint; None when done, else why not (the savepoint is rolled
-    back: a lock not had in time, or a day the default partition holds rows of)."""
+PG_LOCK_NOT_AVAILABLE = "55P03"  # lock_timeout
+PG_UNIQUE_VIOLATION = "23505"  # two creators at once: the other's catalog row came first
+PG_DUPLICATE_TABLE = "42P07"
+
+
+def _step(conn: Connection, statements: Iterable[str], tolerated: Iterable[str] = ()) -> str | None:
+    """Run `statements` in a savepoint; None when done, else the SQLSTATE of why not (the
+    savepoint is rolled back): a lock not had in time, or one of `tolerated`."""
     try:
         with conn.begin_nested():
             for statement in statements:
                 conn.execute(text(statement))
     except DBAPIError as exc:
         state = _sqlstate(exc)
-        if state not in ("55P03", PG_CHECK_VIOLATION):  # lock_timeout; rows in the default
+        if state is None or state not in (PG_LOCK_NOT_AVAILABLE, *tolerated):
             raise
         return state
     return None
 
 
 def create_ahead(conn: Connection, today: date, out: Maintenance | None = None) -> Maintenance:
-    """Create today's partitions and the next :data:`DAYS_AHEAD` days' that are missing."""
+    """Create today's partitions and the next :data:`DAYS_AHEAD` days' that are missing.
+
+    Safe beside another creator even without :func:`maintain`'s advisory lock: ``IF NOT
+    EXISTS``, and the duplicate a creator that checked at the same instant runs into is taken
+    for "it exists". A day whose rows the default partition already holds is skipped."""
     out = out or Maintenance()
+    tolerated = (PG_CHECK_VIOLATION, PG_UNIQUE_VIOLATION, PG_DUPLICATE_TABLE)
     for name in PARTITIONED:
         have = days(conn, name)
         for n in range(DAYS_AHEAD + 1):
             day = today + timedelta(days=n)
             if day in have:
                 continue
-            if _step(conn, [create_sql(name, day)]) is None:
+            state = _step(conn, [create_sql(name, day)], tolerated)
+            if state is None:
                 out.created.append(day_name(name, day))
-            else:
+            elif state in (PG_CHECK_VIOLATION, PG_LOCK_NOT_AVAILABLE):
                 out.skipped.append(day_name(name, day))
     return out
 
@@ -233,13 +244,6 @@ def maintain(
     drop_decisions(conn, decisions_before, out)
     drop_runs(conn, runs_before, out)
     return out
-
-
-def delete_default(conn: Connection, parent: Table, column_name: str, before: datetime) -> int:
-    """Delete the default partition's rows of `parent` older than `before`; how many."""
-    target = default_partition(conn, parent)
-    stamp = target.c[column_name]
-    return int(conn.execute(delete(target).where(stamp < before)).rowcount or 0)
 
 
 # -- the conversion (revision 0015) and back ---------------------------------------------------
