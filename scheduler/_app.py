@@ -1322,7 +1322,11 @@ class Scheduler:
                 ", ".join(done.created) or "none",
                 ", ".join(done.dropped) or "none",
                 done.moved,
-                extra={"created": done.created, "dropped": done.dropped, "moved": done.moved},
+                extra={
+                    "partitions_created": done.created,
+                    "partitions_dropped": done.dropped,
+                    "runs_moved": done.moved,
+                },
             )
         if done.skipped:
             log.debug("partitions: skipped %s", ", ".join(done.skipped))

@@ -6,6 +6,7 @@ drops past retention, with the retention the ``DELETE`` purge had; SQLite and Ma
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import threading
 import time
@@ -184,10 +185,15 @@ def test_the_migration_keeps_every_run_and_decision_and_goes_back(own_schema_url
 
 
 # -- ahead, and dropped past retention --------------------------------------------------------
-def test_the_housekeeping_creates_partitions_ahead(make_app: Callable[..., Scheduler]) -> None:
+def test_the_housekeeping_creates_partitions_ahead(
+    make_app: Callable[..., Scheduler], caplog: pytest.LogCaptureFixture
+) -> None:
     app = make_app(Clock(D0))
     assert DAY0 not in part_days(app)
+    caplog.set_level(logging.INFO, logger="scheduler")
     app.purge()
+    (said,) = [r for r in caplog.records if r.getMessage().startswith("partitions:")]
+    assert _partitions.day_name(runs.name, DAY0) in said.partitions_created
     for table in _partitions.PARTITIONED:
         assert ahead(DAY0) <= part_days(app, table)
     with app.store.begin() as conn:
