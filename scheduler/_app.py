@@ -1304,18 +1304,17 @@ class Scheduler:
         if self.store.caps.dialect != "postgresql":
             return
         w = self.worker_settings
-        with self.store.begin() as conn:
-            now = self.clock()
-            # The same instants as the DELETE purge's: the decisions' cut, and the jobs'
-            # shorter retention for the runs (a run whose job is kept is moved, not dropped).
-            days = max(w.purge_succeeded_after_days, w.purge_aborted_after_days)
-            shortest = min(w.purge_succeeded_after_days, w.purge_aborted_after_days)
-            done = _partitions.maintain(
-                conn,
-                now=now,
-                decisions_before=now - timedelta(days=days),
-                runs_before=now - timedelta(days=shortest),
-            )
+        now = self.clock()
+        # The same instants as the DELETE purge's: the decisions' cut, and the jobs' shorter
+        # retention for the runs (a run whose job is kept is moved, not dropped).
+        days = max(w.purge_succeeded_after_days, w.purge_aborted_after_days)
+        shortest = min(w.purge_succeeded_after_days, w.purge_aborted_after_days)
+        done = _partitions.maintain(
+            self.store,
+            now=now,
+            decisions_before=now - timedelta(days=days),
+            runs_before=now - timedelta(days=shortest),
+        )
         if done.created or done.dropped:
             log.info(
                 "partitions: created %s, dropped %s (%s kept run(s) moved)",

@@ -10,35 +10,40 @@ tables and the purge by ``DELETE``. The primary keys include the partition colum
 unique keys; ids still come from one sequence, so ``id`` alone stays unique. No foreign key
 names either table.
 
-The worker's housekeeping (``Scheduler.purge``) calls :func:`maintain` once a minute, in a
-transaction of its own after the ``DELETE`` purge:
+The worker's housekeeping (``Scheduler.purge``) calls :func:`maintain` once a minute, after
+the ``DELETE`` purge:
 
-- it creates today's partition and the :data:`DAYS_AHEAD` next days' (``IF NOT EXISTS``), under
-  a transaction-level advisory lock that it only tries (``pg_try_advisory_xact_lock``): of the
-  workers of many hosts, one does it and the others go on at once; a transaction lock, so
-  PgBouncer's transaction pooling cannot strand it on a server connection;
+- it creates today's partition and the :data:`DAYS_AHEAD` next days' that are missing;
 - it drops a decisions partition once its whole day is older than the decision log's retention
   (the same instant the ``DELETE`` purge uses): every entry in it would have been deleted;
 - it drops a runs partition once its whole day is older than the shorter of the jobs'
   retentions, after moving the runs whose job still exists (a task's last job, an aborted job
   inside its 30 days) into the default partition, where the ``DELETE`` purge removes them with
-  their job, as before. A run is deleted exactly when its job is: the ``DELETE`` purge of the
-  jobs deletes only the default partition's runs, and a day partition's runs of deleted jobs
-  go with their partition, at most a day after their job.
+  their job, as before. So a run is kept as long as its job, as before: the ``DELETE`` purge of
+  the jobs deletes the default partition's runs, and a day partition's runs of deleted jobs go
+  with their partition, within a day of their job.
 
-Each ``CREATE`` and ``DROP`` runs in a savepoint under a short lock wait
-(:data:`DDL_LOCK_TIMEOUT`): both take an ``ACCESS EXCLUSIVE`` lock on the parent table, and a
-queued request for it holds back every writer behind it. When the lock is not had in time the
-step is skipped and the next minute's housekeeping tries again. A day partition is never
-created over rows the default partition already holds for that day (the server refuses, and
-those rows stay where the ``DELETE`` purge finds them).
+Each ``CREATE`` and each ``DROP`` is a short transaction of its own: both take an ``ACCESS
+EXCLUSIVE`` lock on the parent table, held until commit, and a request for it queued behind a
+writer holds back every writer behind it. So each waits for its lock at most
+:data:`DDL_LOCK_TIMEOUT` (``lock_timeout``, set for the transaction); when it is not had in time
+the step is skipped and the next minute's housekeeping tries again. Each also takes a
+transaction-level advisory lock first (``pg_advisory_xact_lock``, its wait bounded the same
+way): of the workers of many hosts, one does a step at a time, and the others, once they have
+the lock, look the partition up again and find it done; a transaction lock, so PgBouncer's
+transaction pooling cannot strand it on a server connection. A creation
+that races one outside that lock (:func:`create_ahead`: ``IF NOT EXISTS``, and the duplicate
+the other's catalog row raises) takes the duplicate for done. A day partition is never created
+over rows the default partition already holds for that day (the server refuses; those rows
+stay where the ``DELETE`` purge finds them).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 
@@ -46,6 +51,7 @@ from sqlalchemy import Connection, Index, Table, column, table, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.expression import TableClause
 
+from .engine import Store
 from .tables import decisions, jobs, runs
 
 _logger = logging.getLogger(__name__)
@@ -62,7 +68,7 @@ DDL_LOCK_TIMEOUT = "200ms"
 _DAY = re.compile(r"_p(\d{8})$")
 PG_CHECK_VIOLATION = "23514"  # a new partition over rows of the default partition
 _LOCK = text(
-    "SELECT pg_try_advisory_xact_lock(hashtext('scheduler_partitions'), hashtext(current_schema()))"
+    "SELECT pg_advisory_xact_lock(hashtext('scheduler_partitions'), hashtext(current_schema()))"
 )
 _CHILDREN = text(
     "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
@@ -136,113 +142,133 @@ PG_UNIQUE_VIOLATION = "23505"  # two creators at once: the other's catalog row c
 PG_DUPLICATE_TABLE = "42P07"
 
 
-def _step(conn: Connection, statements: Iterable[str], tolerated: Iterable[str] = ()) -> str | None:
-    """Run `statements` in a savepoint; None when done, else the SQLSTATE of why not (the
-    savepoint is rolled back): a lock not had in time, or one of `tolerated`."""
-    try:
-        with conn.begin_nested():
-            for statement in statements:
-                conn.execute(text(statement))
-    except DBAPIError as exc:
-        state = _sqlstate(exc)
-        if state is None or state not in (PG_LOCK_NOT_AVAILABLE, *tolerated):
-            raise
-        return state
-    return None
-
-
-def create_ahead(conn: Connection, today: date, out: Maintenance | None = None) -> Maintenance:
-    """Create today's partitions and the next :data:`DAYS_AHEAD` days' that are missing.
-
-    Safe beside another creator even without :func:`maintain`'s advisory lock: ``IF NOT
-    EXISTS``, and the duplicate a creator that checked at the same instant runs into is taken
-    for "it exists". A day whose rows the default partition already holds is skipped."""
-    out = out or Maintenance()
-    tolerated = (PG_CHECK_VIOLATION, PG_UNIQUE_VIOLATION, PG_DUPLICATE_TABLE)
-    for name in PARTITIONED:
-        have = days(conn, name)
-        for n in range(DAYS_AHEAD + 1):
-            day = today + timedelta(days=n)
-            if day in have:
-                continue
-            state = _step(conn, [create_sql(name, day)], tolerated)
-            if state is None:
-                out.created.append(day_name(name, day))
-            elif state in (PG_CHECK_VIOLATION, PG_LOCK_NOT_AVAILABLE):
-                out.skipped.append(day_name(name, day))
-    return out
-
-
-def _old(conn: Connection, name: str, before: datetime) -> list[tuple[date, str]]:
+def _old(conn: Connection, name: str, before: datetime) -> list[str]:
     """The day partitions of `name` whose whole day is before `before`, oldest first."""
     whole = before.replace(tzinfo=None)
-    return sorted(
-        (day, child)
-        for day, child in days(conn, name).items()
+    return [
+        child
+        for day, child in sorted(days(conn, name).items())
         if datetime.combine(day + timedelta(days=1), time()) <= whole
-    )
-
-
-def drop_decisions(conn: Connection, before: datetime, out: Maintenance) -> None:
-    """Drop the decision log's partitions whose whole day is before `before`."""
-    for _, child in _old(conn, decisions.name, before):
-        if _step(conn, [f"DROP TABLE IF EXISTS {child}"]) is None:
-            out.dropped.append(child)
-        else:
-            out.skipped.append(child)
+    ]
 
 
 _KEPT = "scheduler_kept_runs"
 
 
-def drop_runs(conn: Connection, before: datetime, out: Maintenance) -> None:
-    """Drop the run history's partitions whose whole day is before `before`, the runs whose
-    job still exists moved to the default partition first.
+def _drop_decisions(conn: Connection, child: str, out: Maintenance) -> None:
+    conn.execute(text(f"DROP TABLE {child}"))
+    out.dropped.append(child)
 
-    The runs to keep are read before the ``DROP`` takes its lock (a temporary table, dropped
-    at commit): the partition is in the past, and a ``SHARE`` lock on it (which no writer of
-    today's runs needs) keeps it as read. The parent's ``ACCESS EXCLUSIVE`` lock is then held
-    for the ``DROP`` and the insert of those few rows only."""
+
+def _drop_runs(conn: Connection, child: str, out: Maintenance) -> None:
+    """Drop a run history's partition, the runs whose job still exists moved to the default
+    partition first.
+
+    The runs to keep are read before the ``DROP`` asks for the parent's lock (into a temporary
+    table, dropped at commit), under a ``SHARE`` lock on the partition alone (no writer of
+    today's runs needs it; the day is past). The parent's ``ACCESS EXCLUSIVE`` lock is then held
+    for the ``DROP`` and the insert of those rows (the few kept) only."""
     names = ", ".join(c.name for c in runs.columns)
-    for _, child in _old(conn, runs.name, before):
-        span = conn.execute(text(f"SELECT min(job_id), max(job_id) FROM {child}")).one()
-        statements = [f"LOCK TABLE {child} IN SHARE MODE"]
-        moving = span[0] is not None
-        if moving:
-            statements += [
-                f"CREATE TEMPORARY TABLE IF NOT EXISTS {_KEPT} (LIKE {runs.name}) ON COMMIT DROP",
-                f"TRUNCATE {_KEPT}",
+    conn.execute(text(f"LOCK TABLE {child} IN SHARE MODE"))
+    low, high = conn.execute(text(f"SELECT min(job_id), max(job_id) FROM {child}")).one()
+    moved = 0
+    if low is not None:
+        conn.execute(text(f"CREATE TEMPORARY TABLE {_KEPT} (LIKE {runs.name}) ON COMMIT DROP"))
+        moved = conn.execute(
+            text(
                 f"INSERT INTO {_KEPT} SELECT {names} FROM {child} WHERE job_id IN"
-                f" (SELECT id FROM {jobs.name} WHERE id BETWEEN {int(span[0])}"
-                f" AND {int(span[1])})",
-            ]
-        statements.append(f"DROP TABLE {child}")
-        if moving:
-            statements.append(f"INSERT INTO {runs.name} ({names}) SELECT {names} FROM {_KEPT}")
-        if _step(conn, statements) is None:
-            out.dropped.append(child)
-            if moving:
-                out.moved += int(conn.execute(text(f"SELECT count(*) FROM {_KEPT}")).scalar_one())
-        else:
-            out.skipped.append(child)
+                f" (SELECT id FROM {jobs.name} WHERE id BETWEEN {int(low)} AND {int(high)})"
+            )
+        ).rowcount
+    conn.execute(text(f"DROP TABLE {child}"))
+    if moved:
+        conn.execute(text(f"INSERT INTO {runs.name} ({names}) SELECT {names} FROM {_KEPT}"))
+    out.dropped.append(child)
+    out.moved += max(moved, 0)
+
+
+def _alone(
+    store: Store,
+    work: Callable[[Connection], None],
+    name: str,
+    out: Maintenance,
+    *,
+    creating: bool = False,
+    lock: bool = True,
+) -> None:
+    """`work` on the partition `name` in a transaction of its own, under the maintenance's
+    advisory lock and the short lock wait (which bounds the wait for that lock too: skipped
+    when not had in time). Once the lock is had, `name` is looked up again: a partition
+    another process created (or dropped) meanwhile is left alone."""
+    try:
+        with store.begin() as conn:
+            conn.execute(_LOCK_WAIT)
+            if lock:
+                conn.execute(_LOCK)
+            parent = name.rsplit("_p", 1)[0]
+            exists = conn.execute(_CHILD, {"parent": parent, "name": name}).first() is not None
+            if exists == creating:
+                return
+            work(conn)
+    except DBAPIError as exc:
+        state = _sqlstate(exc)
+        if creating and state in (PG_UNIQUE_VIOLATION, PG_DUPLICATE_TABLE):
+            return  # another creator's, at the same instant: it exists
+        if state not in (PG_LOCK_NOT_AVAILABLE, PG_CHECK_VIOLATION):
+            raise
+        out.skipped.append(name)
+
+
+_LOCK_WAIT = text(f"SELECT set_config('lock_timeout', '{DDL_LOCK_TIMEOUT}', true)")
+_CHILD = text(
+    "SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+    " WHERE i.inhparent = to_regclass(:parent) AND c.relname = :name"
+)
+
+
+def _create(name: str, day: date, out: Maintenance) -> Callable[[Connection], None]:
+    def work(conn: Connection) -> None:
+        conn.execute(text(create_sql(name, day)))
+        out.created.append(day_name(name, day))
+
+    return work
+
+
+def create_ahead(
+    store: Store, today: date, out: Maintenance | None = None, *, lock: bool = True
+) -> Maintenance:
+    """Create today's partitions and the next :data:`DAYS_AHEAD` days' that are missing, each
+    in its own transaction. ``lock=False`` leaves out the advisory lock (the tests race
+    creators that way: the duplicate path alone)."""
+    out = out or Maintenance()
+    with store.begin() as conn:
+        have = {name: days(conn, name) for name in PARTITIONED}
+    for name in PARTITIONED:
+        for n in range(DAYS_AHEAD + 1):
+            day = today + timedelta(days=n)
+            if day not in have[name]:
+                work = _create(name, day, out)
+                _alone(store, work, day_name(name, day), out, creating=True, lock=lock)
+    return out
 
 
 def maintain(
-    conn: Connection, *, now: datetime, decisions_before: datetime, runs_before: datetime
+    store: Store, *, now: datetime, decisions_before: datetime, runs_before: datetime
 ) -> Maintenance:
-    """Create the partitions ahead and drop those past retention, in `conn`'s transaction;
-    nothing (an empty report) where the tables are not partitioned, or while another process
-    does it."""
+    """Create the partitions ahead and drop those past retention, each ``CREATE`` and each
+    ``DROP`` in a short transaction of its own (the lock it takes on the parent table is held
+    until its commit, and no longer); nothing where the tables are not partitioned."""
     out = Maintenance()
-    if not partitioned(conn):
-        return out
-    if not conn.execute(_LOCK).scalar():
-        out.skipped.append("(another process maintains the partitions)")
-        return out
-    conn.execute(text(f"SELECT set_config('lock_timeout', '{DDL_LOCK_TIMEOUT}', true)"))
-    create_ahead(conn, now.date(), out)
-    drop_decisions(conn, decisions_before, out)
-    drop_runs(conn, runs_before, out)
+    with store.begin() as conn:
+        if not partitioned(conn):
+            return out
+        old_decisions = _old(conn, decisions.name, decisions_before)
+        old_runs = _old(conn, runs.name, runs_before)
+    create_ahead(store, now.date(), out)
+    for child in old_decisions:
+        _alone(store, functools.partial(_drop_decisions, child=child, out=out), child, out)
+    for child in old_runs:
+        _alone(store, functools.partial(_drop_runs, child=child, out=out), child, out)
     return out
 
 

@@ -196,8 +196,7 @@ def test_the_housekeeping_creates_partitions_ahead(
     assert _partitions.day_name(runs.name, DAY0) in said.partitions_created
     for table in _partitions.PARTITIONED:
         assert ahead(DAY0) <= part_days(app, table)
-    with app.store.begin() as conn:
-        again = _partitions.create_ahead(conn, DAY0)
+    again = _partitions.create_ahead(app.store, DAY0)
     assert again.created == [] and again.skipped == []
     # A run of that day lands in its partition, not the default one.
     with app.store.begin() as conn:
@@ -213,7 +212,7 @@ def test_a_day_the_default_partition_holds_is_skipped(make_app: Callable[..., Sc
         conn.execute(
             insert(runs), {"job_id": 7, "attempt": 1, "finished_at": D0, "outcome": "succeeded"}
         )
-        done = _partitions.create_ahead(conn, DAY0)
+    done = _partitions.create_ahead(app.store, DAY0)
     assert done.skipped == [_partitions.day_name(runs.name, DAY0)]
     assert DAY0 not in part_days(app) and DAY0 + timedelta(days=1) in part_days(app)
     assert where_runs_are(app, 7) == {_partitions.default_name(runs.name)}
@@ -358,8 +357,7 @@ def test_concurrent_creators_without_the_lock_take_a_duplicate_for_done(
         day = (D0 + timedelta(days=10 * round_)).date()
 
         def create(n: int, day: date = day) -> None:
-            with apps[n].store.begin() as conn:
-                _partitions.create_ahead(conn, day)
+            _partitions.create_ahead(apps[n].store, day, lock=False)
 
         assert _at_once(len(apps), create) == []
         assert ahead(day) <= part_days(apps[0]) and ahead(day) <= part_days(apps[0], decisions.name)
