@@ -41,9 +41,11 @@ maintenance database.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -170,6 +172,27 @@ def wal_bytes(app: Scheduler, since: str) -> int:
         return int(found.scalar_one())
 
 
+@contextlib.contextmanager
+def timed_maintenance() -> Iterator[list[float]]:
+    """The seconds :func:`partitions.maintain` takes inside ``app.purge()`` (the rest is the
+    ``DELETE`` purge of the jobs, and of the history on one table)."""
+    spent: list[float] = []
+    original = _partitions.maintain
+
+    def maintain(*args: Any, **kwargs: Any) -> Any:
+        began = time.monotonic()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spent.append(time.monotonic() - began)
+
+    _partitions.maintain = maintain  # type: ignore[assignment]
+    try:
+        yield spent
+    finally:
+        _partitions.maintain = original  # type: ignore[assignment]
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -199,6 +222,39 @@ class Claimer(threading.Thread):
         return [s for at, s in self.times if start <= at + s and at <= end]
 
 
+def history_share(app: Scheduler, clock: Clock, partitioned: bool) -> float:
+    """One more day past retention: its jobs deleted first (not measured), then what the purge
+    sends for their runs, timed: the DELETE by job id in chunks of 500 (one table), or the
+    partitions' maintenance (the DROP, the kept runs moved)."""
+    clock.now += timedelta(days=1)
+    before = clock.now - timedelta(days=7)
+    with app.store.begin() as conn:
+        gone = list(
+            conn.execute(
+                text(
+                    "DELETE FROM scheduler_jobs WHERE state = 'succeeded'"
+                    " AND finished_at < :b AND id NOT IN"
+                    " (SELECT last_job_id FROM scheduler_rows) RETURNING id"
+                ),
+                {"b": naive(before)},
+            ).scalars()
+        )
+    began = time.monotonic()
+    if partitioned:
+        done = _partitions.maintain(
+            app.store,
+            now=clock.now,
+            decisions_before=before - timedelta(days=30),
+            runs_before=before,
+        )
+        log(f"dropped {done.dropped}, moved {done.moved}, skipped {done.skipped}")
+    else:
+        with app.store.begin() as conn:
+            for start in range(0, len(gone), 500):
+                conn.execute(delete(runs).where(runs.c.job_id.in_(gone[start : start + 500])))
+    return time.monotonic() - began
+
+
 def purge_one_day(url: str, partitioned: bool, rows: int, days: int) -> dict[str, Any]:
     name = "drop" if partitioned else "delete"
     first_day = datetime.now(UTC).date() - timedelta(days=days + 8)
@@ -217,14 +273,14 @@ def purge_one_day(url: str, partitioned: bool, rows: int, days: int) -> dict[str
                 midnight(first_day + timedelta(days=day)),
                 timedelta(days=1),
             )
-        # Every 1,000th job of the three days purged is a task's last job: kept, with its run.
+        # Every 1,000th job of the four days purged is a task's last job: kept, with its run.
         exec_sql(
             app,
             "INSERT INTO scheduler_rows (name, handler, payload, cron, timezone, concurrent,"
             " enabled, last_job_id, consecutive_failures, version, created_at, updated_at)"
             " SELECT 'kept-' || g, 'bench', '{}', '0 0 1 1 *', 'UTC', false, false, g, 0, 1,"
             " now(), now() FROM generate_series(1, :last, 1000) g",
-            last=3 * per_day,
+            last=4 * per_day,
         )
         load_seconds = time.monotonic() - began
         with app.store.engine.connect() as conn:
@@ -239,8 +295,10 @@ def purge_one_day(url: str, partitioned: bool, rows: int, days: int) -> dict[str
         dead_before = history_sizes(app)
         lsn = wal_lsn(app)
         began = time.monotonic()
-        purged = app.purge()
+        with timed_maintenance() as maintenance:
+            purged = app.purge()
         out["purge s"] = time.monotonic() - began
+        out["of which partitions s"] = sum(maintenance)
         out["purge WAL MB"] = wal_bytes(app, lsn) / 2**20
         out["purged jobs"] = purged
         time.sleep(1.5)  # the statistics are flushed at most once a second
@@ -249,39 +307,11 @@ def purge_one_day(url: str, partitioned: bool, rows: int, days: int) -> dict[str
         out["jobs dead tuples"] = after["jobs"][0] - dead_before["jobs"][0]
         log(f"{name}: quiet purge {out['purge s']:.2f} s, {purged:,} jobs")
 
-        # Day 2, quiet: the history's share alone. The day's jobs are deleted first (not
-        # measured); then what the purge sends for their runs: the DELETE by job id in chunks
-        # of 500 (one table), or the partitions' maintenance (the DROP, kept runs moved).
-        clock.now += timedelta(days=1)
-        before = clock.now - timedelta(days=7)
-        with app.store.begin() as conn:
-            gone = list(
-                conn.execute(
-                    text(
-                        "DELETE FROM scheduler_jobs WHERE state = 'succeeded'"
-                        " AND finished_at < :b AND id NOT IN"
-                        " (SELECT last_job_id FROM scheduler_rows) RETURNING id"
-                    ),
-                    {"b": naive(before)},
-                ).scalars()
-            )
+        # Day 2, quiet: the history's share alone.
         checkpoint_pg(url)
         dead_before = history_sizes(app)
         lsn = wal_lsn(app)
-        began = time.monotonic()
-        if partitioned:
-            done = _partitions.maintain(
-                app.store,
-                now=clock.now,
-                decisions_before=before - timedelta(days=30),
-                runs_before=before,
-            )
-            log(f"{name}: dropped {done.dropped}, moved {done.moved}, skipped {done.skipped}")
-        else:
-            with app.store.begin() as conn:
-                for start in range(0, len(gone), 500):
-                    conn.execute(delete(runs).where(runs.c.job_id.in_(gone[start : start + 500])))
-        out["history s"] = time.monotonic() - began
+        out["history s"] = history_share(app, clock, partitioned)
         out["history WAL MB"] = wal_bytes(app, lsn) / 2**20
         time.sleep(1.5)
         out["history dead tuples"] = history_sizes(app)["runs"][0] - dead_before["runs"][0]
@@ -291,7 +321,7 @@ def purge_one_day(url: str, partitioned: bool, rows: int, days: int) -> dict[str
             )
         log(f"{name}: the history's share {out['history s']:.2f} s")
 
-        # Day 3, under claims: the whole purge.
+        # Days 3 and 4, under claims: the history's share alone, then the whole purge.
         claim_clock = Clock(clock.now)
         exec_sql(
             app,
@@ -306,26 +336,31 @@ def purge_one_day(url: str, partitioned: bool, rows: int, days: int) -> dict[str
         claimer = Claimer(url, claim_clock)
         claimer.start()
         time.sleep(5)
-        clock.now += timedelta(days=1)
-        start = time.monotonic()
-        app.purge()
-        end = time.monotonic()
-        time.sleep(2)
+        spans = []
+        for step in ("history", "purge"):
+            start = time.monotonic()
+            if step == "history":
+                history_share(app, clock, partitioned)
+            else:
+                clock.now += timedelta(days=1)
+                app.purge()
+            spans.append((step, start, time.monotonic()))
+            time.sleep(3)
         claimer.stop.set()
         claimer.join()
         claimer.app.close()
-        before = [s for at, s in claimer.times if at + s < start]
-        during = claimer.between(start, end)
-        out["purge under claims s"] = end - start
-        out["claims before"] = len(before)
-        out["claim p50 before ms"] = pct(before, 0.5) * 1000
-        out["claim p99 before ms"] = pct(before, 0.99) * 1000
-        out["claims during"] = len(during)
-        out["claim p50 during ms"] = pct(during, 0.5) * 1000
-        out["claim p99 during ms"] = pct(during, 0.99) * 1000
-        out["claim max during ms"] = max(during, default=float("nan")) * 1000
-        seconds = out["purge under claims s"]
-        log(f"{name}: purge under claims {seconds:.2f} s, {len(during)} claims during")
+        quiet = [s for at, s in claimer.times if at + s < spans[0][1]]
+        out["claims before"] = len(quiet)
+        out["claim p50 before ms"] = pct(quiet, 0.5) * 1000
+        out["claim p99 before ms"] = pct(quiet, 0.99) * 1000
+        for step, start, end in spans:
+            during = claimer.between(start, end)
+            out[f"{step} under claims s"] = end - start
+            out[f"claims during {step}"] = len(during)
+            out[f"claim p50 during {step} ms"] = pct(during, 0.5) * 1000
+            out[f"claim p99 during {step} ms"] = pct(during, 0.99) * 1000
+            out[f"claim max during {step} ms"] = max(during, default=float("nan")) * 1000
+            log(f"{name}: {step} under claims {end - start:.2f} s, {len(during)} claims during")
         if not partitioned:  # revision 0015 on this history: every remaining row copied
             with app.store.begin() as conn:
                 out["rows migrated"] = int(

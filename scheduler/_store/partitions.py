@@ -51,6 +51,7 @@ from sqlalchemy import Connection, Index, Table, column, table, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.expression import TableClause
 
+from .._model.time import as_utc
 from .engine import Store
 from .tables import decisions, jobs, runs
 
@@ -144,7 +145,7 @@ PG_DUPLICATE_TABLE = "42P07"
 
 def _old(conn: Connection, name: str, before: datetime) -> list[str]:
     """The day partitions of `name` whose whole day is before `before`, oldest first."""
-    whole = before.replace(tzinfo=None)
+    whole = as_utc(before).replace(tzinfo=None)
     return [
         child
         for day, child in sorted(days(conn, name).items())
@@ -264,7 +265,7 @@ def maintain(
             return out
         old_decisions = _old(conn, decisions.name, decisions_before)
         old_runs = _old(conn, runs.name, runs_before)
-    create_ahead(store, now.date(), out)
+    create_ahead(store, as_utc(now).date(), out)
     for child in old_decisions:
         _alone(store, functools.partial(_drop_decisions, child=child, out=out), child, out)
     for child in old_runs:
