@@ -41,7 +41,6 @@ stay where the ``DELETE`` purge finds them).
 from __future__ import annotations
 
 import functools
-import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,8 +53,6 @@ from sqlalchemy.sql.expression import TableClause
 from .._model.time import as_utc
 from .engine import Store
 from .tables import decisions, jobs, runs
-
-_logger = logging.getLogger(__name__)
 
 PARTITIONED: dict[str, str] = {runs.name: "finished_at", decisions.name: "decided_at"}
 """The partitioned tables and their partition column."""
