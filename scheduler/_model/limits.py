@@ -260,6 +260,32 @@ def partition_of(
     return str(value)[:PART_LENGTH]
 
 
+Places = tuple[tuple[str, str], ...]
+"""The places one running job holds: (limit name, partition) for each limit over it."""
+
+
+def handed_on(
+    limits: Sequence[Limit], *, tenant: str | None, handler: str, queue: str
+) -> Places | None:
+    """The places a job under ``limits`` (those over its handler and queue) can hand to a
+    ready job when it ends, or None when they must go back to the claim that counts.
+
+    A place passes from an ending attempt to the next one in the transaction that writes the
+    ending, so the running count of each partition stays what it was and no lock is needed.
+    That holds for a ``concurrency`` only: a ``rate`` counts each start (a successor is one
+    more), ``fair`` decides by its rotation who is next, and a partition by a payload value is
+    left to the counting claim (its text in SQL and here may differ for some JSON values)."""
+    if not limits:
+        return None
+    for limit in limits:
+        if limit.rate is not None or limit.fair or limit.payload_key is not None:
+            return None
+    return tuple(
+        (limit.name, partition_of(limit, tenant=tenant, handler=handler, queue=queue, payload={}))
+        for limit in limits
+    )
+
+
 @dataclass(frozen=True)
 class LimitSet:
     """An application's limits, with the handlers that name them (``limits=[...]`` at

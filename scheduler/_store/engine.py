@@ -441,6 +441,26 @@ class Store:
         finally:
             conn.execution_options(scheduler_readonly=False)
 
+    @contextmanager
+    def at_once(self) -> Iterator[Connection]:
+        """A connection for one writing statement, atomic by itself: in the driver's
+        autocommit on PostgreSQL (psycopg, not behind a transaction pooler, where the
+        transaction carries the settings), so that it is one round trip with no ``BEGIN`` and
+        ``COMMIT``; elsewhere a transaction (:meth:`begin`)."""
+        if not self.caps.autocommit_reads:
+            with self.begin() as conn:
+                yield conn
+            return
+        with self.engine.connect() as conn:
+            driver: Any = conn.connection.driver_connection
+            driver.autocommit = True  # psycopg: a local flag, no round trip
+            try:
+                yield conn
+                conn.commit()  # ends SQLAlchemy's transaction; the driver has nothing to commit
+            finally:
+                if not conn.invalidated:
+                    driver.autocommit = False
+
     def read_rows(self, conn: Connection, statement: Any, params: dict[str, Any]) -> list[Any]:
         """The rows of one read-only statement on a connection the caller holds, outside any
         transaction. On PostgreSQL (psycopg) the statement runs in the driver's autocommit: a

@@ -119,6 +119,19 @@ _EXTEND = by_id(
     update(jobs).where(jobs.c.id.in_(_IDS), _HELD).values(lease_expires_at=_P("p_until"))
 )
 _RELEASE = {"lease_owner": None, "lease_expires_at": None}
+
+
+def held_guard() -> Any:
+    """The guard of every transition after a claim (``p_owner``'s unexpired lease at
+    ``p_now``), for statements built elsewhere in the store."""
+    return _HELD
+
+
+def released() -> dict[str, Any]:
+    """The values that end a lease."""
+    return dict(_RELEASE)
+
+
 _SUCCEED_MANY = by_id(
     update(jobs)
     .where(jobs.c.id.in_(_IDS), _HELD)

@@ -35,7 +35,7 @@ must be a statement of its own after the lock).
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -49,15 +49,18 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    not_,
     or_,
     select,
+    union_all,
     update,
 )
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql import Delete, Select
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._model.job import Job
-from .._model.limits import Limit, LimitSet, partition_of, waiting_sentence
+from .._model.limits import Limit, LimitSet, Places, partition_of, waiting_sentence
 from .._model.rules import CLAIMED, QUEUED
 from .engine import Store
 from .jobs import by_id
@@ -290,6 +293,118 @@ def claim(
     return sorted(won, key=lambda j: (j.priority, j.run_at, j.id)), held, by_rate
 
 
+def hand_on(
+    store: Store,
+    conn: Connection,
+    limitset: LimitSet,
+    ended: Mapping[int, Places],
+    *,
+    owner: str,
+    now: datetime,
+    lease: timedelta,
+    queues: Sequence[str],
+) -> list[Job]:
+    """In the transaction that ends attempts holding places under limits that count only
+    running attempts (``ended``: their places, by job; ``_model.limits.handed_on``), delete
+    their holds (they count nothing once the job left ``claimed``, and the running count's
+    join stays as small as what runs) and, with ``queues``, claim for ``owner`` as many ready
+    jobs into the same places: each under exactly those limits, in the same partitions. The
+    running count of every partition stays what it was, so no lock is taken and nothing is
+    counted. Returns the jobs won, their holds written. On PostgreSQL, one statement."""
+    if not ended:
+        return []
+    names = sorted({name for places in ended.values() for name, _ in places})
+    release = delete(limit_holds).where(
+        limit_holds.c.limit_name.in_(names), limit_holds.c.job_id.in_(sorted(ended))
+    )
+    gone: Delete | None = release
+    wanted: dict[Places, int] = {}
+    for places in ended.values():
+        wanted[places] = wanted.get(places, 0) + 1
+    at_once = store.caps.dialect == "postgresql" and bool(queues)
+    if not at_once:
+        conn.execute(release)
+        gone = None
+    won: list[Job] = []
+    for places, n in sorted(wanted.items()) if queues else ():
+        pick = fitting(limitset, places, conn.dialect.name, now=now, queues=queues).limit(n)
+        if store.caps.skip_locked:
+            pick = pick.with_for_update(skip_locked=True)
+        if at_once:
+            won += _hand_on_at_once(conn, pick, places, gone, owner=owner, now=now, lease=lease)
+            gone = None  # the first statement deleted them
+            continue
+        ids = list(conn.execute(pick).scalars())
+        taken = _take(store, conn, ids, owner=owner, now=now, lease=lease) if ids else []
+        holds = [
+            {"limit_name": name, "part": part, "job_id": job.id, "started_at": now}
+            for job in taken
+            for name, part in places
+        ]
+        if holds:
+            conn.execute(insert(limit_holds), holds)
+        won += taken
+    return sorted(won, key=lambda j: (j.priority, j.run_at, j.id))
+
+
+def fitting(
+    limitset: LimitSet, places: Places, dialect: str, *, now: datetime, queues: Sequence[str]
+) -> Select[Any]:
+    """The ready jobs under exactly the limits of ``places``, each in its partition there, in
+    the claim's order."""
+    parts = dict(places)
+    ready = [jobs.c.state == QUEUED, jobs.c.run_at <= now, jobs.c.queue.in_(list(queues))]
+    for limit in limitset.limits:
+        under = covered(limitset, limit)
+        if limit.name not in parts:
+            ready.append(not_(under))
+            continue
+        ready.append(under)
+        if limit.per is not None:
+            ready.append(part_expression(limit, dialect) == parts[limit.name])
+    return select(jobs.c.id).where(*ready).order_by(jobs.c.priority, jobs.c.run_at, jobs.c.id)
+
+
+def _hand_on_at_once(
+    conn: Connection,
+    pick: Select[Any],
+    places: Places,
+    gone: Any,
+    *,
+    owner: str,
+    now: datetime,
+    lease: timedelta,
+) -> list[Job]:
+    """PostgreSQL: the holds' delete (``gone``, once), the claim of the jobs ``pick`` finds
+    and their holds, as one statement (data-modifying CTEs)."""
+    ready = pick.cte("handed_ready")
+    won = (
+        update(jobs)
+        .where(jobs.c.id.in_(select(ready.c.id)), jobs.c.state == QUEUED)
+        .values(**claim_values())
+        .returning(*jobs.c)
+        .cte("handed_won")
+    )
+    at = literal(now, type_=limit_holds.c.started_at.type)
+    rows = [
+        select(literal(name).label("n"), literal(part).label("p"), won.c.id, at)
+        for name, part in places
+    ]
+    held = (
+        insert(limit_holds)
+        .from_select(
+            ["limit_name", "part", "job_id", "started_at"],
+            rows[0] if len(rows) == 1 else union_all(*rows),
+        )
+        .cte("handed_held")
+    )
+    stmt = select(won).add_cte(held)
+    if gone is not None:
+        stmt = stmt.add_cte(gone.cte("handed_gone"))
+    params = {"p_owner": owner, "p_until": now + lease, "p_now": now}
+    return [Job.from_row(r) for r in conn.execute(stmt, params)]
+
+
 def any_ready(
     conn: Connection,
     limitset: LimitSet,
@@ -367,7 +482,7 @@ def _rotation(
 
 
 @functools.cache
-def _claim_values() -> dict[str, Any]:
+def claim_values() -> dict[str, Any]:
     from sqlalchemy import bindparam
 
     return {
@@ -391,7 +506,7 @@ def _take(
     stmt = by_id(
         update(jobs)
         .where(jobs.c.id.in_(bindparam("p_ids", expanding=True)), jobs.c.state == QUEUED)
-        .values(**_claim_values())
+        .values(**claim_values())
     )
     if store.caps.claim_returning:
         return [Job.from_row(r) for r in conn.execute(stmt.returning(*jobs.c), params)]

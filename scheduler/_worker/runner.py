@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Collection, Coroutine
 from contextvars import ContextVar
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from .. import signals
 from .._errors import Cancelled, LeaseLost, PermanentError, Snooze
@@ -26,13 +26,14 @@ from .._model.backoff import Backoff, delay_after
 from .._model.ending import Ending
 from .._model.handlers import Handler, Registry, error_code, is_async_callable
 from .._model.job import Job, RecordedHook
-from .._model.limits import LimitSet
+from .._model.limits import LimitSet, Places, handed_on
 from .._model.redact import error_message
-from .._model.rules import ABORTED, QUEUED, SUCCEEDED
+from .._model.rules import ABORTED, CLAIMED, QUEUED, SUCCEEDED
 from .._store import Connection, Store
 from .._store import jobs as _jobs
 from .._store import limits as _limits
 from .._store import limits_pipeline as _limits_pipeline
+from .._store import outcomes as _outcomes
 from .._store import queues as _queues
 from .._store import rows as _rows
 from .._store import wakeup as _wakeup
@@ -57,6 +58,10 @@ CANCELLED = "cancelled"  # an operator cancelled the running job
 # claim that found some), else at least this often: an idle worker's poll stays one claim.
 LIMITED_POLL_SECONDS = 5.0
 LIMITS_RETRY_SECONDS = 0.05  # how soon a worker held back by a limit looks again
+# How soon a worker that found its limits full looks again when woken, unless it gave a place
+# back meanwhile: the places of running attempts pass to the next jobs as they end (hand_on),
+# so a look at each of its own jobs' endings would only queue on the limit's lock.
+LIMITS_FULL_SECONDS = 0.1
 LIMITS_PRUNE_SECONDS = 1.0  # how often a busy runner deletes the holds that count for nothing
 
 CoroutineRunner = Callable[[Coroutine[Any, Any, Any]], Any]
@@ -201,6 +206,19 @@ class RunningJob:
         return f"<job {self.id} {self.handler} attempt {self.attempt}/{self.max_attempts}>"
 
 
+class Successors(Protocol):
+    """Who runs the jobs that ending attempts hand their places under limits to (the worker,
+    :meth:`Runner.record`)."""
+
+    def hand_on_queues(self) -> tuple[str, ...] | None:
+        """The queues to take them from now (the open ones), or None while it takes none."""
+        ...
+
+    def take_handed(self, jobs: list[Job]) -> None:
+        """Run ``jobs``: claimed for this runner's owner, their holds written."""
+        ...
+
+
 class Runner:
     """Executes jobs for one lease owner."""
 
@@ -233,6 +251,20 @@ class Runner:
         self._limited_look = True
         self._limits_ready = False
         self._pruned_at = float("-inf")
+        #: Jobs this runner claimed under limits that hold their places (the claim that
+        #: counts, or handed on): when one ends, its places can pass to a ready job.
+        self._placed: set[int] = set()
+        #: Set by a worker: ending attempts hand their places under limits to ready jobs in
+        #: the transaction that records them, and it runs those (None: places go back).
+        self.successors: Successors | None = None
+        #: Seconds a claim that found its limits full holds off the next look under limits,
+        #: unless a place came back meanwhile (a worker that hands places on:
+        #: LIMITS_FULL_SECONDS); 0: every claim looks.
+        self.full_retry = 0.0
+        #: The last claim's jobs under no limit were fewer than asked for (none left).
+        self.plain_short = False
+        self._full_until = float("-inf")  # the limits were full: LIMITS_FULL_SECONDS
+        self._gave_back = False  # an attempt under limits ended with no job handed its place
         #: What a failed run keeps of the exception's message ([worker] error_messages).
         self.error_messages = error_messages
         #: Called after each commit of outcomes with the (job, outcome) pairs it wrote (the
@@ -324,6 +356,7 @@ class Runner:
         exclude: bool = False,
         limited: int | None = None,
         queues: tuple[str, ...] | None = None,
+        plain: bool = True,
     ) -> list[Job]:
         """Claim up to ``limit`` ready jobs (with ``handlers``: only theirs, or with
         ``exclude`` only others'). A claim that deadlocked is run again; one that still does
@@ -334,12 +367,17 @@ class Runner:
         limits, by a claim that counts (:func:`scheduler._store.limits.claim`), at most
         ``limited`` of them (the worker's free threads: a job claimed under a limit holds its
         place from the claim, so none is prefetched to wait for a thread). ``queues``: from
-        those only (the queues not paused), default all of the runner's."""
+        those only (the queues not paused), default all of the runner's. ``plain=False``
+        leaves out the jobs under no limit (the worker heard of none since its last claim
+        found none: :attr:`plain_short`)."""
         looked = self.queues if queues is None else queues
         if not self.limits:
             return self._claim_plain(limit, handlers, exclude, looked, ())
-        plain = tuple(q for q in looked if q not in self.limits.queues)
-        found = self._claim_plain(limit, handlers, exclude, plain, self.limits.handlers)
+        found: list[Job] = []
+        if plain:
+            open_queues = tuple(q for q in looked if q not in self.limits.queues)
+            found = self._claim_plain(limit, handlers, exclude, open_queues, self.limits.handlers)
+            self.plain_short = len(found) < limit
         room = limit - len(found) if limited is None else min(limit - len(found), limited)
         if room > 0 and looked and self._limited_due():
             found += self._claim_limited(room, handlers, exclude, looked)
@@ -376,6 +414,8 @@ class Runner:
 
     def _limited_due(self) -> bool:
         now = time.monotonic()
+        if now < self._full_until and not self._gave_back:
+            return False
         if not self._limited_poked and now < self._limited_next:
             return False
         self._limited_look = not self._limited_busy  # idle: one read before any lock
@@ -437,6 +477,7 @@ class Runner:
                 return found
 
         found, held, by_rate = retry("claim under limits", attempt, lost=lambda: ([], 0, False))
+        self._placed.update(job.id for job in found)
         if prune and _limits_pipeline.covers(self.store, self.limits):
             with self.store.begin() as conn:  # holds that count for nothing: no lock needed
                 _limits.prune(conn, self.limits, now)
@@ -444,6 +485,9 @@ class Runner:
             self._pruned_at = time.monotonic()
         self._limited_busy = bool(found or held)
         self._rate_held = by_rate
+        full = held and not found and not by_rate
+        self._full_until = time.monotonic() + self.full_retry if full else float("-inf")
+        self._gave_back = False
         if found or held:
             self._limited_poked = True  # more may be ready, or room may come soon
         return found
@@ -916,11 +960,12 @@ class Runner:
         if not outcomes:
             return []
         items = [finish_args(o) for o in outcomes]
+        places = self._places(outcomes)
         backoff = Backoff(RECORD_RETRY_FIRST, RECORD_RETRY_CAP)
         deadline = time.monotonic() + self.lease.total_seconds() / 2
         while True:
             try:
-                views = retry("recording outcomes", lambda: self._finish(items))
+                views, handed = retry("recording outcomes", lambda: self._finish(items, places))
                 break
             except Exception as exc:
                 # The database went away (a restart), or the connection now reaches a server
@@ -936,6 +981,13 @@ class Runner:
                     extra={"action": "record_retry"},
                 )
                 time.sleep(delay)
+        self._placed.difference_update(outcome.job.id for outcome in outcomes)
+        if handed:
+            self._hand(handed)
+        if self.limits and len(handed) < sum(
+            1 for o in outcomes if self.limits.of(o.job.handler, o.job.queue)
+        ):
+            self._gave_back = True  # a place came back: the next claim may look at once
         results: list[str] = []
         committed: list[tuple[Job, str]] = []
         for outcome, view in zip(outcomes, views, strict=True):
@@ -980,15 +1032,112 @@ class Runner:
             except Exception:
                 log.exception("an outcome hook raised", extra={"action": "outcome_hook_failed"})
 
-    def _finish(self, items: list[_jobs.Finish]) -> list[Job | None]:
+    def _finish(
+        self, items: list[_jobs.Finish], places: dict[int, Places]
+    ) -> tuple[list[Job | None], list[Job]]:
+        now = self.clock()
+        at_once = self._at_once(items, places)
+        if at_once is not None:
+            key, placed = at_once
+            taker = self.successors
+            queues = taker.hand_on_queues() if taker is not None and key is not None else None
+            with self.store.at_once() as conn:
+                return _outcomes.succeed(
+                    conn,
+                    items,
+                    owner=self.owner,
+                    now=now,
+                    lease=self.lease,
+                    limitset=self.limits,
+                    places=key,
+                    placed=placed,
+                    queues=queues or (),
+                )
         with self.store.begin() as conn:
-            views = _jobs.finish_many(conn, items, owner=self.owner, now=self.clock())
+            views = _jobs.finish_many(conn, items, owner=self.owner, now=now)
             # A retry (at the end of its back-off) or a job queued again at once (an async
             # run cancelled at shutdown): the workers learn of it (wake-ups, a timer).
             again = [(v.queue, v.run_at) for v in views if v is not None and v.state == QUEUED]
             if again:
                 _wakeup.announce(self.store, conn, again)
-            return views
+            return views, self._hand_on(conn, items, views, places, now)
+
+    def _at_once(
+        self, items: list[_jobs.Finish], places: dict[int, Places]
+    ) -> tuple[Places | None, list[int]] | None:
+        """Whether a batch is written by one statement (``_store.outcomes``: PostgreSQL, every
+        attempt a success, the placed ones under one set of places): that set and the placed
+        jobs; None: the general transaction."""
+        if self.store.caps.dialect != "postgresql":
+            return None
+        if any(f.state != SUCCEEDED or f.snoozed for f in items):
+            return None
+        placed = [f.job.id for f in items if f.job.id in places]
+        keys = {places[job_id] for job_id in placed}
+        if len(keys) > 1:
+            return None
+        return (keys.pop() if keys else None), placed
+
+    def _places(self, outcomes: list[Ending]) -> dict[int, Places]:
+        """The places under limits the ending attempts hold that can be handed on, by job."""
+        if not self._placed:
+            return {}
+        found: dict[int, Places] = {}
+        for outcome in outcomes:
+            job = outcome.job
+            if job.id not in self._placed:
+                continue
+            under = self.limits.of(job.handler, job.queue)
+            key = handed_on(under, tenant=job.tenant, handler=job.handler, queue=job.queue)
+            if key is not None:
+                found[job.id] = key
+        return found
+
+    def _hand_on(
+        self,
+        conn: Connection,
+        items: list[_jobs.Finish],
+        views: list[Job | None],
+        places: dict[int, Places],
+        now: datetime,
+    ) -> list[Job]:
+        """The holds of the attempts that ended (left ``claimed``) in this transaction are
+        deleted; with :attr:`successors`, ready jobs are claimed into their places
+        (``_store.limits.hand_on``) for it to run."""
+        if not places:
+            return []
+        ended: dict[int, Places] = {}
+        for item, view in zip(items, views, strict=True):
+            key = places.get(item.job.id)
+            if key is not None and view is not None and view.state != CLAIMED:
+                ended[item.job.id] = key
+        if not ended:
+            return []
+        taker = self.successors
+        queues = taker.hand_on_queues() if taker is not None else None
+        return _limits.hand_on(
+            self.store,
+            conn,
+            self.limits,
+            ended,
+            owner=self.owner,
+            now=now,
+            lease=self.lease,
+            queues=queues or (),
+        )
+
+    def _hand(self, handed: list[Job]) -> None:
+        self._placed.update(job.id for job in handed)
+        taker = self.successors
+        if taker is None:  # the worker stopped meanwhile: left to their leases, as at a crash
+            log.warning(
+                "job(s) %s handed a place under a limit after the worker stopped; left to "
+                "their leases",
+                [job.id for job in handed],
+                extra={"action": "handed_after_stop"},
+            )
+            return
+        taker.take_handed(handed)
 
     def _signal_aborted(self, job: Job, code: str) -> None:
         with self.store.read() as conn:

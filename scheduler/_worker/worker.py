@@ -57,7 +57,7 @@ from .._store.retry import is_transient
 from .._store.status import health as _health
 from .events import EventLoop
 from .recorder import Recorder
-from .runner import CANCELLED, LIMITS_RETRY_SECONDS, TIMEOUT, Stop
+from .runner import CANCELLED, LIMITS_FULL_SECONDS, LIMITS_RETRY_SECONDS, TIMEOUT, Stop
 from .telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -154,6 +154,12 @@ class Worker:
         self._recorder = Recorder(self.runner)
         self._telemetry = Telemetry(app)
         self._running: dict[int, Future[None] | None] = {}  # None: on the event loop
+        self._waiter: _wakeup.Waiter | None = None  # set when wake-ups are heard
+        self._heard = -1  # the waiter's wake-ups seen so far
+        # Something may be ready besides what ending attempts hand on (a wake-up, the poll, a
+        # tick): the next claim looks for jobs under no limit (_note_news).
+        self._news = True
+        self._pool: ThreadPoolExecutor | None = None  # run()'s, for the jobs handed places
         # The running jobs whose outcome is handed to the recorder: written at any moment now.
         self._handed_in: set[int] = set()
         self._lock = threading.Lock()
@@ -201,6 +207,10 @@ class Worker:
         _log(logging.INFO, "worker_started", started + ")")
         previous = self._install_signals() if install_signals else {}
         pool = ThreadPoolExecutor(max(self.concurrency, 1), thread_name_prefix="scheduler-job")
+        self._pool = pool
+        if self.concurrency > 0 and self.runner.limits:
+            self.runner.successors = self  # ending attempts hand their places on (hand_on_queues)
+            self.runner.full_retry = LIMITS_FULL_SECONDS
         beat = threading.Thread(target=self._heartbeat, name="scheduler-heartbeat", daemon=True)
         beat.start()
         # Asks attempts to stop (timeouts, cancels) and fences them; only where jobs are run.
@@ -213,6 +223,7 @@ class Worker:
             else:
                 self._serve(pool)
         finally:
+            self.runner.successors = None  # what ends from now on gives its places back
             left = self._drain()
             self._recorder.close()
             self._beat_stop.set()
@@ -271,6 +282,7 @@ class Worker:
         waiter = _wakeup.Waiter(self._wake, self.settings.queues, self.app.clock, self._has_free)
         try:
             self._listening = _wakeup.listen(self.app.store, waiter)
+            self._waiter = waiter
         except Exception as exc:  # never a reason not to work: the poll finds the jobs
             self._log_error("starting wake-ups", exc, None)
 
@@ -348,11 +360,25 @@ class Worker:
                     self._wake.wait(wait)
                     continue
                 held = self.runner.limits_pending  # a limit was full: look again soon
-                if self._wake.wait(LIMITS_RETRY_SECONDS if held else POLL_SECONDS):
+                woke = self._wake.wait(LIMITS_RETRY_SECONDS if held else POLL_SECONDS)
+                if woke:
                     self.runner.poke_limits()  # a wake-up or a finished job: look under limits
+                self._note_news(woke)
         finally:
             self._tick_stop.set()
             ticker.join()
+
+    def _note_news(self, woke: bool) -> None:
+        """Whether the next claim looks for jobs under no limit: always, unless limits are
+        configured and wake-ups are heard; then after the poll's wait, a wake-up, or a tick
+        that dispatched, and not when the loop was woken only by its own jobs ending (under
+        limits, ending attempts hand their places on: a plain claim at each ending, with no
+        job under no limit ready, would be a statement for nothing)."""
+        waiter = self._waiter
+        heard = waiter.wakes if waiter is not None else -1
+        if not woke or waiter is None or heard != self._heard or not self.runner.limits:
+            self._news = True
+        self._heard = heard
 
     def _ticker(self) -> None:
         """Tick on the grid until the worker stops; a failing tick backs off, the jobs go on."""
@@ -363,6 +389,7 @@ class Worker:
         while not self._tick_stop.wait(wait):
             try:
                 if self._tick():
+                    self._news = True
                     self._wake.set()  # jobs were dispatched: claim them now
                 # The next tick on the grid (after this one: a tick longer than the interval
                 # skips the grid points it overran).
@@ -469,7 +496,11 @@ class Worker:
         unlooked = False  # a kind of job not looked for (no free slot): not "found nothing"
         if self._events is None or not self._async_names:
             if sync_free > 0:
-                claimed = self.runner.claim(sync_free, limited=sync_threads, queues=queues)
+                claimed = self.runner.claim(
+                    sync_free, limited=sync_threads, queues=queues, plain=self._news
+                )
+                if self.runner.plain_short:
+                    self._news = False  # none left under no limit: until news comes
         elif not self._sync_handlers:
             if loop_free > 0:
                 claimed = self.runner.claim(loop_free, queues=queues)
@@ -510,6 +541,20 @@ class Worker:
         if resumed:
             text = f"queue(s) {', '.join(resumed)} resumed"
             _log(logging.INFO, "queues_resumed", text, queues=resumed)
+
+    def hand_on_queues(self) -> tuple[str, ...] | None:
+        """Where the jobs that ending attempts hand their places under limits to come from
+        (the runner's ``Successors``): the open queues, none once stopping."""
+        return None if self._stopping else self._queues
+
+    def take_handed(self, jobs: list[Job]) -> None:
+        """Run jobs claimed into the places of attempts that just ended (the recorder's
+        thread, before those attempts' slots are freed: the threads they used run these)."""
+        try:
+            assert self._pool is not None  # set before the runner is told of this worker
+            self._submit(self._pool, jobs)
+        except RuntimeError:  # the pool shut down meanwhile: left to their leases
+            _log(logging.WARNING, "handed_after_stop", f"job(s) {[j.id for j in jobs]} left")
 
     def _on_loop(self, job: Job) -> bool:
         return self._events is not None and job.handler in self._async_names

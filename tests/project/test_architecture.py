@@ -34,8 +34,9 @@ def modules() -> dict[str, Path]:
 
 
 def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The package's modules `name` imports, anywhere in its source; a parent package, which
-    Python imports first anyway, is left out."""
+    """The package's modules `name` imports, anywhere in its source. A parent package counts
+    like any other module: a child that takes names from a parent which imports the child (even
+    inside a function) is a circle too."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -52,7 +53,7 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
                 whole = f"{base}.{alias.name}"
                 targets.append(whole if whole in known else base)
         for target in targets:
-            if target in known and target != name and not name.startswith(target + "."):
+            if target in known and target != name:
                 found.add(target)
     return found
 

@@ -287,7 +287,8 @@ def test_the_tick_record_is_utc_whatever_the_sessions_time_zone(direct_pg_url: s
     from scheduler._store.tables import workers
 
     url = make_url(direct_pg_url)
-    zoned = url.set(query={**url.query, "options": "-ctimezone=America/New_York"})
+    options = f"{url.query.get('options', '')} -ctimezone=America/New_York".strip()
+    zoned = url.set(query={**url.query, "options": options})  # the session's schema kept
     app = Scheduler(zoned.render_as_string(hide_password=False), registry=Registry())
     try:
         ticked = datetime(2030, 1, 7, 12, 0, 5, tzinfo=UTC)

@@ -64,7 +64,7 @@ from .. import retry as _retry
 from ..alerts import Alert, cause, deliver
 from ..driver import CursorEvents, Prepared, PreparedSet, cursor_events
 from ..tables import decisions, jobs, rows
-from . import Carried, Decided, Done, Work
+from .base import Carried, Decided, Done, Work
 
 # The tick's records (a row disabled) keep the logger operators know them by.
 log = logging.getLogger("scheduler._tick")

@@ -43,7 +43,7 @@ from .. import decisions as _decisions
 from ..driver import PreparedSet
 from ..pipeline import UNSENT, Spread
 from ..tables import decisions, jobs, rows
-from . import Carried, Decided, Work
+from .base import Carried, Decided, Work
 from .portable import (
     DISPATCHED_ENTRY,
     JOB_COLUMNS,
