@@ -41,6 +41,7 @@ from ._store import handlers as _handlers
 from ._store import jobs as _jobs
 from ._store import limits as _limits
 from ._store import migrate as _migrate
+from ._store import partitions as _partitions
 from ._store import queues as _queues
 from ._store import rows as _rows
 from ._store import wakeup as _wakeup
@@ -1272,7 +1273,8 @@ class Scheduler:
     def purge(self) -> int:
         """Delete old succeeded (and much older aborted) jobs and their history, the decision
         log as old as the older of the two, and audit entries older than
-        ``purge_audit_after_days`` (0: none). Returns how many jobs."""
+        ``purge_audit_after_days`` (0: none). Returns how many jobs. On PostgreSQL it then
+        creates the history's day partitions ahead and drops those past retention."""
         w = self.worker_settings
 
         def attempt() -> int:
@@ -1291,7 +1293,42 @@ class Scheduler:
                     aborted_after=timedelta(days=w.purge_aborted_after_days),
                 )
 
-        return retry("purge", attempt)
+        purged = retry("purge", attempt)
+        self._maintain_partitions()
+        return purged
+
+    def _maintain_partitions(self) -> None:
+        """On PostgreSQL, the history's and the decision log's day partitions: create those
+        ahead, drop those past retention (``_store/partitions.py``), in a transaction of its
+        own. Nothing elsewhere."""
+        if self.store.caps.dialect != "postgresql":
+            return
+        w = self.worker_settings
+        now = self.clock()
+        # The same instants as the DELETE purge's: the decisions' cut, and the jobs' shorter
+        # retention for the runs (a run whose job is kept is moved, not dropped).
+        days = max(w.purge_succeeded_after_days, w.purge_aborted_after_days)
+        shortest = min(w.purge_succeeded_after_days, w.purge_aborted_after_days)
+        done = _partitions.maintain(
+            self.store,
+            now=now,
+            decisions_before=now - timedelta(days=days),
+            runs_before=now - timedelta(days=shortest),
+        )
+        if done.created or done.dropped:
+            log.info(
+                "partitions: created %s, dropped %s (%s kept run(s) moved)",
+                ", ".join(done.created) or "none",
+                ", ".join(done.dropped) or "none",
+                done.moved,
+                extra={
+                    "partitions_created": done.created,
+                    "partitions_dropped": done.dropped,
+                    "runs_moved": done.moved,
+                },
+            )
+        if done.skipped:
+            log.debug("partitions: skipped %s", ", ".join(done.skipped))
 
     def explain(self, name: str) -> dict[str, Any]:
         """Why the task ran or did not, and what comes next: the data of ``scheduler explain

@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, delete, func, insert, select
 
+from . import partitions as _partitions
 from .driver import Prepared, PreparedSet
 from .tables import decisions
 
@@ -85,15 +86,6 @@ def recent(conn: Connection, task_name: str, limit: int = 20) -> list[dict[str, 
     return [{key: value for key, value in r._mapping.items() if key != "task_name"} for r in found]
 
 
-_FIRST_AT = (
-    select(decisions.c.decided_at)
-    .where(decisions.c.id >= _P("p_id"))
-    .order_by(decisions.c.id)
-    .limit(1)
-)
-_ID_RANGE = select(func.min(decisions.c.id), func.max(decisions.c.id))
-
-
 def purge(conn: Connection, *, before: datetime) -> int:
     """Delete the entries decided before `before`; how many.
 
@@ -102,19 +94,22 @@ def purge(conn: Connection, *, before: datetime) -> int:
     with their ids: the first id decided at or after `before` is found by bisection on the
     primary key (about log2(ids) lookups), and the ids below it are deleted if they are older
     than `before`. An entry whose time is out of that order (a clock set back, a tick given
-    an earlier ``now``) is never deleted early: at worst it stays until a later purge."""
-    low, high = conn.execute(_ID_RANGE).one()
+    an earlier ``now``) is never deleted early: at worst it stays until a later purge.
+
+    Where the log is partitioned by day (PostgreSQL), this is the default partition's purge
+    (it holds few entries: a day partition's go with it, ``_store/partitions.py``)."""
+    log = _partitions.default_partition(conn, decisions)
+    first_at = select(log.c.decided_at).where(log.c.id >= _P("p_id")).order_by(log.c.id).limit(1)
+    low, high = conn.execute(select(func.min(log.c.id), func.max(log.c.id))).one()
     if low is None:
         return 0
     high += 1  # the cut is in [low, high]: high when every entry is older than `before`
     while low < high:
         middle = (low + high) // 2
-        at = conn.execute(_FIRST_AT, {"p_id": middle}).scalar_one()
+        at = conn.execute(first_at, {"p_id": middle}).scalar_one()
         if at < before:
             low = middle + 1
         else:
             high = middle
-    done = conn.execute(
-        delete(decisions).where(decisions.c.id < low, decisions.c.decided_at < before)
-    )
+    done = conn.execute(delete(log).where(log.c.id < low, log.c.decided_at < before))
     return int(done.rowcount or 0)

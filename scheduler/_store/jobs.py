@@ -38,6 +38,7 @@ from .._model import defaults as _limits
 from .._model.job import Job
 from .._model.rules import ABORTED, CLAIMED, QUEUED, SUCCEEDED
 from . import bulk as _bulk
+from . import partitions as _partitions
 from . import wakeup as _wakeup
 from .engine import Store, skip_locked
 from .retry import retry
@@ -769,13 +770,17 @@ def purge_statement(succeeded_before: datetime, aborted_before: datetime) -> Sel
 def purge(
     conn: Connection, *, now: datetime, succeeded_after: timedelta, aborted_after: timedelta
 ) -> int:
-    """Delete old finished jobs and their history; a job a row still points at is kept."""
+    """Delete old finished jobs and their history; a job a row still points at is kept.
+
+    Where the history is partitioned by day (PostgreSQL), only the default partition's runs
+    are deleted here: a day partition's go with it (``_store/partitions.py``)."""
     old = purge_statement(now - succeeded_after, now - aborted_after)
     ids = list(conn.execute(old).scalars())
+    history = _partitions.default_partition(conn, runs) if ids else runs
     deleted = 0
     for start in range(0, len(ids), 500):
         chunk = ids[start : start + 500]
-        conn.execute(delete(runs).where(runs.c.job_id.in_(chunk)))
+        conn.execute(delete(history).where(history.c.job_id.in_(chunk)))
         deleted += conn.execute(delete(jobs).where(jobs.c.id.in_(chunk))).rowcount
     return deleted
 

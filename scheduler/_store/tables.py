@@ -162,6 +162,8 @@ runs = Table(
     # The run history by time (revision 0009): the dashboard's chart of runs over time.
     Index("ix_scheduler_runs_finished", "finished_at", "outcome"),
 )
+"""Each attempt's outcome. On PostgreSQL partitioned by day on ``finished_at`` (revision 0015,
+``_store/partitions.py``), its primary key ``(id, finished_at)`` there."""
 
 rows = Table(
     "scheduler_rows",
@@ -236,7 +238,9 @@ decisions = Table(
     Index("ix_scheduler_decisions_task", "task_name", "id"),
 )
 """A row's decisions, one entry per slot and outcome (revision 0005; 0006 dropped its index on
-``decided_at``: the purge goes by id, ``_store/decisions.py``)."""
+``decided_at``: the purge goes by id, ``_store/decisions.py``). On PostgreSQL partitioned by day
+on ``decided_at`` (revision 0015, ``_store/partitions.py``), its primary key ``(id,
+decided_at)`` there."""
 
 audit = Table(
     "scheduler_audit",

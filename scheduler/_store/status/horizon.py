@@ -85,10 +85,22 @@ def holders(conn: Connection, *, limit: int = 5) -> list[Holder]:
 
 # The tables as the connection's search_path finds them (a tenant's schema, a test's).
 _stats = table("pg_stat_user_tables", column("relid"), column("relname"), column("n_dead_tup"))
-DEAD_TUPLES = select(_stats.c.relname, _stats.c.n_dead_tup).where(
-    _stats.c.relid.in_([func.to_regclass(literal(name)) for name in TABLES])
+_inherits = table("pg_inherits", column("inhrelid"), column("inhparent"))
+_parent = table("pg_class", column("oid"), column("relname")).alias("parent")
+_ours = [func.to_regclass(literal(name)) for name in TABLES]
+_owner = func.coalesce(_parent.c.relname, _stats.c.relname)
+DEAD_TUPLES = (
+    select(_owner.label("relname"), func.sum(_stats.c.n_dead_tup).label("n_dead_tup"))
+    .select_from(
+        _stats.outerjoin(_inherits, _inherits.c.inhrelid == _stats.c.relid).outerjoin(
+            _parent, _parent.c.oid == _inherits.c.inhparent
+        )
+    )
+    .where(or_(_stats.c.relid.in_(_ours), _inherits.c.inhparent.in_(_ours)))
+    .group_by(_owner)
 )
-"""(table, dead row versions) per scheduler table, as the statistics last counted them."""
+"""(table, dead row versions) per scheduler table, as the statistics last counted them; a
+partitioned table's (the history on PostgreSQL, revision 0015) summed over its partitions."""
 
 _activity = table(
     "pg_stat_activity",
