@@ -51,7 +51,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.expression import TableClause
 
 from .._model.time import as_utc
-from .engine import Store
+from .engine import CITUS_INSTALLED, Store
 from .tables import decisions, jobs, runs
 
 PARTITIONED: dict[str, str] = {runs.name: "finished_at", decisions.name: "decided_at"}
@@ -92,6 +92,15 @@ def partitioned(conn: Connection, name: str = runs.name) -> bool:
     if conn.dialect.name != "postgresql":
         return False
     return conn.execute(_KIND, {"name": name}).scalar() == "p"
+
+
+def can_partition(conn: Connection) -> bool:
+    """Whether the history goes into day partitions here: PostgreSQL, not Citus (a distributed
+    schema's sequences cannot change owner, which the conversion needs; there the history
+    keeps its ``DELETE`` purge, spread over the nodes with the shards)."""
+    if conn.dialect.name != "postgresql":
+        return False
+    return not conn.execute(text(CITUS_INSTALLED)).scalar()
 
 
 def day_name(name: str, day: date) -> str:
