@@ -159,6 +159,7 @@ class Worker:
         # Something may be ready besides what ending attempts hand on (a wake-up, the poll, a
         # tick): the next claim looks for jobs under no limit (_note_news).
         self._news = True
+        self._plain_at = float("-inf")  # time.monotonic() of the last claim under no limit
         self._pool: ThreadPoolExecutor | None = None  # run()'s, for the jobs handed places
         # The running jobs whose outcome is handed to the recorder: written at any moment now.
         self._handed_in: set[int] = set()
@@ -378,6 +379,8 @@ class Worker:
         heard = waiter.wakes if waiter is not None else -1
         if not woke or waiter is None or heard != self._heard or not self.runner.limits:
             self._news = True
+        elif time.monotonic() - self._plain_at >= POLL_SECONDS:
+            self._news = True  # as at the poll, were a wake-up lost: busy loops never time out
         self._heard = heard
 
     def _ticker(self) -> None:
@@ -496,6 +499,8 @@ class Worker:
         unlooked = False  # a kind of job not looked for (no free slot): not "found nothing"
         if self._events is None or not self._async_names:
             if sync_free > 0:
+                if self._news:
+                    self._plain_at = time.monotonic()
                 claimed = self.runner.claim(
                     sync_free, limited=sync_threads, queues=queues, plain=self._news
                 )
