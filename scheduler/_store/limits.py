@@ -52,11 +52,10 @@ from sqlalchemy import (
     not_,
     or_,
     select,
-    union_all,
     update,
 )
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.sql import Delete, Select
+from sqlalchemy.sql import Select
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._model.job import Job
@@ -310,31 +309,24 @@ def hand_on(
     join stays as small as what runs) and, with ``queues``, claim for ``owner`` as many ready
     jobs into the same places: each under exactly those limits, in the same partitions. The
     running count of every partition stays what it was, so no lock is taken and nothing is
-    counted. Returns the jobs won, their holds written. On PostgreSQL, one statement."""
+    counted. Returns the jobs won, their holds written. (A batch of successes on PostgreSQL
+    does all of it in the statement that writes their ends: ``outcomes.succeed``.)"""
     if not ended:
         return []
     names = sorted({name for places in ended.values() for name, _ in places})
-    release = delete(limit_holds).where(
-        limit_holds.c.limit_name.in_(names), limit_holds.c.job_id.in_(sorted(ended))
+    conn.execute(
+        delete(limit_holds).where(
+            limit_holds.c.limit_name.in_(names), limit_holds.c.job_id.in_(sorted(ended))
+        )
     )
-    gone: Delete | None = release
     wanted: dict[Places, int] = {}
     for places in ended.values():
         wanted[places] = wanted.get(places, 0) + 1
-    # Citus: a WITH of several writes would not run on one node as one statement.
-    at_once = store.caps.dialect == "postgresql" and not store.caps.citus and bool(queues)
-    if not at_once:
-        conn.execute(release)
-        gone = None
     won: list[Job] = []
     for places, n in sorted(wanted.items()) if queues else ():
         pick = fitting(limitset, places, conn.dialect.name, now=now, queues=queues).limit(n)
         if store.caps.skip_locked:
             pick = pick.with_for_update(skip_locked=True)
-        if at_once:
-            won += _hand_on_at_once(conn, pick, places, gone, owner=owner, now=now, lease=lease)
-            gone = None  # the first statement deleted them
-            continue
         ids = list(conn.execute(pick).scalars())
         taken = _take(store, conn, ids, owner=owner, now=now, lease=lease) if ids else []
         holds = [
@@ -364,46 +356,6 @@ def fitting(
         if limit.per is not None:
             ready.append(part_expression(limit, dialect) == parts[limit.name])
     return select(jobs.c.id).where(*ready).order_by(jobs.c.priority, jobs.c.run_at, jobs.c.id)
-
-
-def _hand_on_at_once(
-    conn: Connection,
-    pick: Select[Any],
-    places: Places,
-    gone: Any,
-    *,
-    owner: str,
-    now: datetime,
-    lease: timedelta,
-) -> list[Job]:
-    """PostgreSQL: the holds' delete (``gone``, once), the claim of the jobs ``pick`` finds
-    and their holds, as one statement (data-modifying CTEs)."""
-    ready = pick.cte("handed_ready")
-    won = (
-        update(jobs)
-        .where(jobs.c.id.in_(select(ready.c.id)), jobs.c.state == QUEUED)
-        .values(**claim_values())
-        .returning(*jobs.c)
-        .cte("handed_won")
-    )
-    at = literal(now, type_=limit_holds.c.started_at.type)
-    rows = [
-        select(literal(name).label("n"), literal(part).label("p"), won.c.id, at)
-        for name, part in places
-    ]
-    held = (
-        insert(limit_holds)
-        .from_select(
-            ["limit_name", "part", "job_id", "started_at"],
-            rows[0] if len(rows) == 1 else union_all(*rows),
-        )
-        .cte("handed_held")
-    )
-    stmt = select(won).add_cte(held)
-    if gone is not None:
-        stmt = stmt.add_cte(gone.cte("handed_gone"))
-    params = {"p_owner": owner, "p_until": now + lease, "p_now": now}
-    return [Job.from_row(r) for r in conn.execute(stmt, params)]
 
 
 def any_ready(

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from helpers.queue_worker import Clock
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
@@ -18,14 +19,6 @@ from scheduler import Scheduler
 from scheduler._model.handlers import Registry
 
 T0 = datetime(2030, 1, 7, 12, 0, 0, 250000, tzinfo=UTC)
-
-
-class Clock:
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 @pytest.fixture
