@@ -44,6 +44,7 @@ from ._store import migrate as _migrate
 from ._store import partitions as _partitions
 from ._store import queues as _queues
 from ._store import rows as _rows
+from ._store import shards as _shards
 from ._store import wakeup as _wakeup
 from ._store.audit import AuditEntry
 from ._store.caller import CallerTransaction, adopt
@@ -137,6 +138,7 @@ class Scheduler:
         broker: BrokerSettings | None = None,
         broker_url: str | None = None,
         limits: Iterable[Limit] = (),
+        _shard: int | None = None,
         **overrides: Any,
     ) -> None:
         if engine is None and database_url is None:
@@ -168,13 +170,30 @@ class Scheduler:
         check_limits(self.limits, {}, config_path or "", complete=False)
         self.config_path = config_path
         self.database_source = database_source  # where the URL came from, for messages
+        count = self.database_settings.shards
+        if count > 1 and engine is not None:
+            raise ConfigError(
+                f"{config_path or 'Scheduler()'}: [database] key 'shards': {count} shards need"
+                " a database URL (each shard has an engine of its own), not an engine"
+            )
+        url = ""
         if engine is None:
             url = normalize_database_url(str(database_url), database_source)
+            if count > 1 and not url.startswith("postgresql"):
+                raise ConfigError(
+                    f"{config_path or 'Scheduler()'}: [database] key 'shards': shards are"
+                    " schemas of one PostgreSQL database (Citus included); this URL is"
+                    f" {url.partition(':')[0].partition('+')[0]}"
+                )
+            schema = None if _shard is None else _shards.schema_name(_shard)
             try:
-                engine = make_engine(url, self.database_settings)
+                engine = make_engine(url, self.database_settings, schema)
             except ImportError as exc:  # the URL's driver is not installed
                 raise ConfigError(missing_driver(url, database_source, exc)) from None
         self.store = Store(engine, self.database_settings)
+        #: This one's shard when it is one shard of a sharded scheduler (else None).
+        self.shard_index = _shard
+        self._shard_count = count if _shard is None else 0  # a shard's: set by its owner
         self.registry = registry if registry is not None else default_registry
         # The database's clock unless told otherwise (scheduler/_store/clock.py).
         chosen = _clock.choose(self.store, clock, settings.clock)
@@ -205,6 +224,32 @@ class Scheduler:
         self.recorded_hooks: list[RecordedHook] = []
         #: The settings workers recorded for handlers this process has not registered.
         self.known_handlers = _handlers.Known(self.store)
+        #: The shards (``[database] shards``): a Scheduler for each, over its schema; just
+        #: this one when there is one shard.
+        self.shards: tuple[Scheduler, ...] = (self,)
+        if count > 1:
+            one = dataclasses.replace(self.database_settings, shards=1)
+            self.shards = tuple(
+                Scheduler(
+                    url,
+                    settings=settings,
+                    worker=worker,
+                    registry=self.registry,
+                    clock=clock,
+                    worker_id=self.worker_id,
+                    config_path=config_path,
+                    metrics=metrics,
+                    database_source=database_source,
+                    database=_shard_listen(one, index),
+                    broker=broker,
+                    limits=self.limits,
+                    _shard=index,
+                )
+                for index in range(count)
+            )
+            for shard in self.shards:
+                shard.recorded_hooks = self.recorded_hooks  # one list: the metrics' counter
+                shard._shard_count = count
 
     def clock_offset(self) -> float | None:
         """The database server's time minus this host's wall clock, in seconds (None on
@@ -325,6 +370,146 @@ class Scheduler:
         recorded = self.known_handlers.get(handler)
         return (recorded.max_attempts, recorded.queue) if recorded else (3, "default")
 
+    # -- shards -------------------------------------------------------------------------
+    @property
+    def sharded(self) -> bool:
+        """Whether the tables are in several shards (``[database] shards`` above 1)."""
+        return len(self.shards) > 1
+
+    def shard_for(self, tenant: str | None, name: str) -> Scheduler:
+        """The shard of a task or job of `tenant`, else of `name` (the task's; for a job of
+        no task, its handler's)."""
+        key = _shards.routing_key(tenant, name)
+        return self.shards[_shards.shard_of(key, len(self.shards))]
+
+    def _task_shard(self, name: str) -> Scheduler:
+        """The shard that holds task `name`: looked for first where its name routes it, then
+        in the others; where its name routes it if no shard holds it."""
+        first = self.shard_for(None, name)
+        for shard in (first, *(s for s in self.shards if s is not first)):
+            if shard.get_row(name) is not None:
+                return shard
+        return first
+
+    def _job_shard(self, job_id: int) -> Scheduler:
+        """The shard that holds job `job_id`: first the one whose ids it is from, then the
+        others (a reshard moves rows with their ids); that first one if none holds it."""
+        first = self.shards[_shards.shard_of_id(job_id, len(self.shards))]
+        for shard in (first, *(s for s in self.shards if s is not first)):
+            with shard.store.read() as conn:
+                if _jobs.job_exists(conn, job_id):
+                    return shard
+        return first
+
+    def _one_transaction(self, connection: Any) -> None:
+        """The caller's transaction is on the database's own schema, not a shard's."""
+        if connection is not None and self.sharded:
+            raise SchedulerError(
+                "connection=: with [database] shards above 1 the scheduler's tables are in the"
+                " shards' schemas, not in your transaction's: enqueue and change tasks without"
+                " connection="
+            )
+
+    def _sync_shards(
+        self,
+        tasks: Iterable[TaskSpec] | None,
+        *,
+        dry_run: bool,
+        reason: str | None,
+        actor: str | None,
+    ) -> SyncPlan:
+        """``sync`` over the shards: each task to its shard, every shard's plan checked by a
+        dry run before any shard is written (bad input changes nothing); then one
+        transaction per shard."""
+        self.check_schema()
+        chosen = list(self.tasks if tasks is None else tasks)
+        groups: dict[int, list[TaskSpec]] = {index: [] for index in range(len(self.shards))}
+        for task in chosen:
+            key = _shards.routing_key(task.tenant, task.name)
+            groups[_shards.shard_of(key, len(self.shards))].append(task)
+        merged = SyncPlan()
+        for write in (False, True) if not dry_run else (False,):
+            merged = SyncPlan()
+            for index, group in groups.items():
+                try:
+                    plan = self.shards[index].sync(
+                        group, dry_run=not write, reason=reason, actor=actor
+                    )
+                except ConfigError as exc:  # the file's task: the error names the file too
+                    if tasks is None and self.config_path and not str(exc).startswith("/"):
+                        raise ConfigError(f"{self.config_path}: {exc}") from None
+                    raise
+                for action in ("insert", "update", "unchanged", "disable", "paused", "remove"):
+                    getattr(merged, action).extend(getattr(plan, action))
+                merged.changes.extend(plan.changes)
+        return merged
+
+    def _put_in_shard(self, spec: TaskSpec) -> Scheduler:
+        """The shard `spec` belongs in; a task of that name in another shard (its tenant
+        changed, or another tenant's task has the name) is refused."""
+        target = self.shard_for(spec.tenant, spec.name)
+        if target.get_row(spec.name) is not None:
+            return target
+        holder = self._task_shard(spec.name)
+        if holder is not target and holder.get_row(spec.name) is not None:
+            raise SchedulerError(
+                f"task {spec.name!r} is in shard {holder.shard_index}, its tenant"
+                f" {spec.tenant!r} is in shard {target.shard_index}: remove the task and put it"
+                " again to move it (with [database] shards above 1 a task lives in its"
+                " tenant's shard)"
+            )
+        return target
+
+    def _put_many(
+        self,
+        specs: Iterable[TaskSpec],
+        *,
+        group: str | None,
+        replace: bool,
+        dry_run: bool,
+        reason: str | None,
+        actor: str | None,
+    ) -> SyncPlan:
+        """``put_tasks`` over the shards: one transaction per shard; with ``replace`` every
+        shard (the group's rows not given are removed from each)."""
+        chosen: dict[int, list[TaskSpec]] = {}
+        for spec in specs:
+            index = self._put_in_shard(spec).shard_index or 0
+            chosen.setdefault(index, []).append(spec)
+        indexes = range(len(self.shards)) if replace else sorted(chosen)
+        merged = SyncPlan()
+        for index in indexes:
+            plan = self.shards[index].put_tasks(
+                chosen.get(index, []),
+                group=group,
+                replace=replace,
+                dry_run=dry_run,
+                reason=reason,
+                actor=actor,
+            )
+            for action in ("insert", "update", "unchanged", "disable", "paused", "remove"):
+                getattr(merged, action).extend(getattr(plan, action))
+            merged.changes.extend(plan.changes)
+        return merged
+
+    def _enqueue_in_shards(self, items: list[Mapping[str, Any]]) -> list[int]:
+        """``enqueue_many`` over the shards: every item checked first (as one shard would),
+        then one transaction per shard; the ids in the items' order."""
+        now = self.clock()
+        for index, item in enumerate(items):
+            self._item_values(index, item, now)  # raises for a bad item, before any write
+        by_shard: dict[int, list[int]] = {}
+        for position, item in enumerate(items):
+            handler = str(item.get("handler", ""))
+            shard = self.shard_for(item.get("tenant"), handler)
+            by_shard.setdefault(shard.shard_index or 0, []).append(position)
+        ids: list[int] = [0] * len(items)
+        for index, positions in by_shard.items():
+            written = self.shards[index].enqueue_many([items[p] for p in positions])
+            for position, job_id in zip(positions, written, strict=True):
+                ids[position] = job_id
+        return ids
+
     # -- schema -------------------------------------------------------------------------
     def migrate(self, revision: str = "head") -> None:
         """Create or upgrade the schema (our own Alembic version table).
@@ -332,8 +517,35 @@ class Scheduler:
         An older ``revision`` (or ``"base"``) downgrades: that drops what later revisions
         added, data included. Take a backup first.
         """
+        if self.sharded:
+            self._check_layout()
+            _shards.create_schemas(self.store.engine, len(self.shards))
+            for shard in self.shards:
+                shard.migrate(revision)
+            self._schema_ok = False
+            return
+        if self.shard_index is None:
+            self._check_layout()
         _migrate.migrate_to(self.store, revision)
+        if self.shard_index is not None and revision != "base":
+            with self.store.begin() as conn:  # ids no other shard gives
+                _shards.start_sequences(conn, self.shard_index, self._shard_count)
         self._schema_ok = False
+
+    def _check_layout(self) -> None:
+        """Refuse a PostgreSQL database whose shard schemas do not fit ``[database] shards``
+        (one read; nothing to check elsewhere, or in one shard of several)."""
+        if self.store.caps.dialect != "postgresql" or self.shard_index is not None:
+            return
+        with self.store.read() as conn:
+            if self.sharded:
+                found, base = _shards.layout(conn)
+            else:  # one read: only shard schemas would not fit
+                found, base = _shards.found_shards(conn), True
+        problem = _shards.layout_error(found, len(self.shards), base)
+        if problem is not None:
+            where = f"database {self.database_name} ({self.database_source})"
+            raise SchemaOutdated(f"{where}: {problem}")
 
     @property
     def database_name(self) -> str:
@@ -358,6 +570,12 @@ class Scheduler:
         """
         if self._schema_ok:
             return
+        if self.sharded:
+            self._check_layout()
+            for shard in self.shards:
+                shard.check_schema()
+            self._schema_ok = True
+            return
         where = f"database {self.database_name} ({self.database_source})"
         if self._sqlite_file_missing():
             raise SchemaOutdated(f"{where} does not exist: create it with `scheduler migrate`")
@@ -371,6 +589,7 @@ class Scheduler:
             if missing is None:
                 raise
             raise SchedulerError(f"{where} does not exist on the server: {missing}") from None
+        self._check_layout()
         self._schema_ok = True
 
     # -- rows -----------------------------------------------------------------------------
@@ -387,6 +606,8 @@ class Scheduler:
         A sync that changes rows writes one audit entry (``actor``, ``reason``) in its
         transaction; a dry run or a sync that changes nothing writes none.
         """
+        if self.sharded:
+            return self._sync_shards(tasks, dry_run=dry_run, reason=reason, actor=actor)
         self.check_schema()
         who, why = _audit.check(actor, reason)
         zone = self.settings.timezone  # a TaskSpec without one: as a task in the file
@@ -451,6 +672,15 @@ class Scheduler:
         statement in between. ``record=False`` leaves that to the caller (a running worker
         records its ticks itself, with its presence).
         """
+        if self.sharded:
+            self.check_schema()
+            ticked_at = as_utc(now) if now is not None else self.clock()
+            from ._model.report import TickReport as Report
+
+            merged = Report()
+            for shard in self.shards:
+                merged.extend(shard.tick(ticked_at, record=record))
+            return merged
         from . import _tick
 
         self.check_schema()  # first: the database's clock would fail less clearly
@@ -491,6 +721,9 @@ class Scheduler:
         False if it was enabled (nothing changed, nothing audited). The slots that passed while
         it was disabled are logged as ``paused``, and ``slot_skipped`` is sent for each after
         the commit (with ``connection``: after the caller's commit)."""
+        if self.sharded:
+            self._one_transaction(connection)
+            return self._task_shard(name).enable(name, reason=reason, actor=actor)
         paused: list[tuple[datetime, str]] = []
 
         def change(conn: Any, row: str, now: datetime) -> bool:
@@ -512,6 +745,9 @@ class Scheduler:
         connection: Any = None,
     ) -> None:
         """Pause a row until :meth:`enable`; ``reason`` is kept as its ``disabled_note``."""
+        if self.sharded:
+            self._one_transaction(connection)
+            return self._task_shard(name).disable(name, reason=reason, actor=actor)
 
         def change(conn: Any, row: str, now: datetime) -> None:
             _rows.disable(conn, row, now, note=_audit.check(actor, reason)[1])
@@ -527,6 +763,9 @@ class Scheduler:
         connection: Any = None,
     ) -> None:
         """Make a row due now (the tick's gates still apply)."""
+        if self.sharded:
+            self._one_transaction(connection)
+            return self._task_shard(name).trigger(name, reason=reason, actor=actor)
         self._audited_row("trigger", name, reason, actor, _rows.trigger, connection)
 
     def _audited_row(
@@ -592,6 +831,8 @@ class Scheduler:
         return nullcontext(None)
 
     def get_row(self, name: str) -> TaskRow | None:
+        if self.sharded:
+            return self._task_shard(name).get_row(name)
         with self.store.read() as conn:
             return _rows.get_row(conn, name)
 
@@ -608,6 +849,22 @@ class Scheduler:
         """Rows by name, ``limit`` of them (``None``: all), each filter applied when given:
         ``source`` (``file`` or ``api``), ``group``, ``tenant``, a name ``prefix``; ``after`` is
         the last name of the previous page."""
+        if self.sharded:
+            chosen = self.shards if tenant is None else (self.shard_for(tenant, ""),)
+            found = [
+                row
+                for shard in chosen
+                for row in shard.rows(
+                    source=source,
+                    group=group,
+                    tenant=tenant,
+                    prefix=prefix,
+                    limit=limit,
+                    after=after,
+                )
+            ]
+            found.sort(key=lambda row: row.name)
+            return found if limit is None else found[:limit]
         if source is not None and source not in _rows.SOURCES:
             raise ValueError(f"source {source!r}: expected one of {', '.join(_rows.SOURCES)}")
         if limit is not None and limit < 1:
@@ -656,6 +913,11 @@ class Scheduler:
         and no audit entry. ``connection``: the caller's transaction (docs/explanation/
         transactional-enqueue.md); ``dry_run`` writes nothing and returns the same change.
         """
+        if self.sharded:
+            self._one_transaction(connection)
+            return self._put_in_shard(spec).put_task(
+                spec, dry_run=dry_run, reason=reason, actor=actor
+            )
         self.check_schema()
         who, why = _audit.check(actor, reason)
         chosen = self._zoned(spec)
@@ -715,6 +977,11 @@ class Scheduler:
         are exactly these"). Returns the plan: inserted, updated, unchanged and removed names
         (``insert``, ``update``, ``unchanged``, ``remove``); one audit entry when it changed
         anything."""
+        if self.sharded:
+            self._one_transaction(connection)
+            return self._put_many(
+                specs, group=group, replace=replace, dry_run=dry_run, reason=reason, actor=actor
+            )
         if replace and group is None:
             raise ValueError("put_tasks(replace=True) needs a group: its rows not given go")
         self.check_schema()
@@ -768,6 +1035,9 @@ class Scheduler:
         history, decisions and audit entries stay until their retention, and the name is free
         at once. False if there is no such task; a task of the file is a
         :class:`SchedulerError`."""
+        if self.sharded:
+            self._one_transaction(connection)
+            return self._task_shard(name).remove_task(name, reason=reason, actor=actor)
         self.check_schema()
         who, why = _audit.check(actor, reason)
 
@@ -784,6 +1054,8 @@ class Scheduler:
 
     def deliver_pending_alerts(self, older_than: float = 30.0) -> int:
         """Deliver ``row_disabled`` alerts whose receivers never ran (a crash after commit)."""
+        if self.sharded:
+            return sum(shard.deliver_pending_alerts(older_than) for shard in self.shards)
         with self.store.engine.connect() as conn:
             from ._store import alerts as _alerts
 
@@ -820,6 +1092,18 @@ class Scheduler:
         its column; :class:`SchedulerError` for a ``connection`` that is not in a transaction,
         in autocommit, or on another database.
         """
+        if self.sharded:
+            self._one_transaction(connection)
+            return self.shard_for(tenant, handler).enqueue(
+                handler,
+                payload,
+                run_at=run_at,
+                priority=priority,
+                dedupe_key=dedupe_key,
+                queue=queue,
+                max_attempts=max_attempts,
+                tenant=tenant,
+            )
         from ._observe import tracing as _tracing
 
         values = self._job_values(
@@ -896,6 +1180,9 @@ class Scheduler:
         the same id (the first of them is the one enqueued, as two ``enqueue`` calls in a row
         would). ``connection``: as for :meth:`enqueue`, the caller's transaction.
         """
+        if self.sharded:
+            self._one_transaction(connection)
+            return self._enqueue_in_shards(list(items))
         now = self.clock()
         values: list[dict[str, Any]] = []
         for index, item in enumerate(items):
@@ -941,6 +1228,8 @@ class Scheduler:
     def get_job(self, job_id: int) -> Job | None:
         """The job's view; a ready job a limit holds back says what it waits for
         (``waiting_for``)."""
+        if self.sharded:
+            return self._job_shard(job_id).get_job(job_id)
         with self.store.read() as conn:
             job = _jobs.get_job(conn, job_id)
             return None if job is None else self.with_waiting(conn, [job])[0]
@@ -948,6 +1237,8 @@ class Scheduler:
     def history(self, job_id: int) -> list[dict[str, Any]]:
         """Every finished attempt of a job, oldest first. Raises
         :class:`~scheduler.JobStateError` for a job that does not exist (or was purged)."""
+        if self.sharded:
+            return self._job_shard(job_id).history(job_id)
         with self.store.read() as conn:
             found = _jobs.history(conn, job_id)
             if not found and not _jobs.job_exists(conn, job_id):
@@ -964,6 +1255,9 @@ class Scheduler:
     ) -> Job:
         """Requeue an ``aborted`` job, attempts reset; a task's job becomes a fresh run of the
         task's current job. Raises :class:`~scheduler.JobStateError` in any other state."""
+        if self.sharded:
+            self._one_transaction(connection)
+            return self._job_shard(job_id).retry_job(job_id, reason=reason, actor=actor)
 
         def change(conn: Any, now: datetime) -> Job:
             job = _jobs.requeue(
@@ -990,6 +1284,9 @@ class Scheduler:
         worker to stop it (returned still ``claimed``: the worker ends it ``aborted`` with code
         ``cancelled``, within about 2 seconds, ``cancel_grace`` at most after it saw the
         request). Refused (:class:`~scheduler.JobStateError`) in any other state."""
+        if self.sharded:
+            self._one_transaction(connection)
+            return self._job_shard(job_id).cancel_job(job_id, reason=reason, actor=actor)
 
         def change(conn: Any, now: datetime) -> Job:
             return _jobs.cancel(conn, job_id, now=now)
@@ -1039,6 +1336,12 @@ class Scheduler:
         finish; the tick still dispatches into it) until :meth:`resume_queue`. Kept in the
         database; audited (target ``queue NAME``). False if it was paused already (nothing
         audited; a new ``reason`` replaces the old one)."""
+        if self.sharded:  # every shard's workers claim from the queue: each shard says
+            self._one_transaction(connection)
+            changed = [
+                shard.pause_queue(queue, reason=reason, actor=actor) for shard in self.shards
+            ]
+            return any(changed)
         return self._queue_change("pause", queue, reason, actor, connection)
 
     def resume_queue(
@@ -1051,6 +1354,12 @@ class Scheduler:
     ) -> bool:
         """Let workers claim from ``queue`` again (within a second); audited. False if it was
         not paused (nothing changed, nothing audited)."""
+        if self.sharded:
+            self._one_transaction(connection)
+            changed = [
+                shard.resume_queue(queue, reason=reason, actor=actor) for shard in self.shards
+            ]
+            return any(changed)
         return self._queue_change("resume", queue, reason, actor, connection)
 
     def _queue_change(
@@ -1075,6 +1384,8 @@ class Scheduler:
 
     def paused_queues(self) -> list[PausedQueue]:
         """The paused queues, by name: each with ``paused_at``, ``paused_by`` and ``reason``."""
+        if self.sharded:
+            return self.shards[0].paused_queues()
         with self.store.read() as conn:
             return _queues.paused(conn)
 
@@ -1091,6 +1402,27 @@ class Scheduler:
         """Jobs, newest first, ``limit`` of them (50 by default), filtered by each argument
         given. ``state`` must be one of queued, claimed, succeeded, aborted. A ``task`` that
         no row has and no kept job names raises :class:`~scheduler.UnknownRow`."""
+        if self.sharded:
+            if task is not None:
+                chosen: tuple[Scheduler, ...] = (self._task_shard(task),)
+            elif tenant is not None:
+                chosen = (self.shard_for(tenant, ""),)
+            else:
+                chosen = self.shards
+            found = [
+                job
+                for shard in chosen
+                for job in shard.jobs(
+                    state=state,
+                    task=task,
+                    handler=handler,
+                    queue=queue,
+                    tenant=tenant,
+                    limit=limit,
+                )
+            ]
+            found.sort(key=lambda job: (job.created_at, job.id), reverse=True)
+            return found[:limit]
         if state is not None and state not in _rules.STATES:
             raise ValueError(f"state {state!r}: expected one of {', '.join(_rules.STATES)}")
         if limit < 1:
@@ -1131,6 +1463,10 @@ class Scheduler:
         is written; ``dry_run`` writes nothing. Running it twice enqueues nothing twice, also
         from two processes at once (docs/howto/operate.md).
         """
+        if self.sharded:
+            return self._task_shard(name).backfill(
+                name, start, end, dry_run=dry_run, max_slots=max_slots, reason=reason, actor=actor
+            )
         from ._ops import backfill as _backfill
 
         self.check_schema()
@@ -1177,6 +1513,14 @@ class Scheduler:
         A ``name`` with no entries that names no task (no row, no kept job of it) raises
         :class:`~scheduler.UnknownRow`; a ``job ID`` of no job, :class:`~scheduler.JobStateError`.
         """
+        if self.sharded:
+            if name is not None:
+                job_id = _job_target(name)
+                holder = self._job_shard(job_id) if job_id is not None else self._task_shard(name)
+                return holder.audit(name, limit)
+            entries = [entry for shard in self.shards for entry in shard.audit(None, limit)]
+            entries.sort(key=lambda entry: (entry.at, entry.id), reverse=True)
+            return entries[:limit]
         with self.store.read() as conn:
             job_id = _job_target(name)
             job = _jobs.get_job(conn, job_id) if job_id is not None else None
@@ -1237,6 +1581,16 @@ class Scheduler:
                 " registered: use `await app.work_async()` there (or call work() from a thread)"
             )
         self.check_schema()
+        if self.sharded:  # each shard in turn, until none has a ready job
+            handled = 0
+            while limit is None or handled < limit:
+                done = sum(
+                    shard.work(None if limit is None else limit - handled) for shard in self.shards
+                )
+                if not done:
+                    break
+                handled += done
+            return handled
         return self.runner().work(limit)
 
     async def work_async(self, limit: int | None = None) -> int:
@@ -1245,6 +1599,11 @@ class Scheduler:
         import asyncio
 
         await asyncio.to_thread(self.check_schema)
+        if self.sharded:
+            handled = 0
+            for shard in self.shards:
+                handled += await shard.work_async(None if limit is None else limit - handled)
+            return handled
         return await self.runner().work_async(limit)
 
     def background_worker(self, **worker_settings: Any) -> BackgroundWorker:
@@ -1275,6 +1634,8 @@ class Scheduler:
         log as old as the older of the two, and audit entries older than
         ``purge_audit_after_days`` (0: none). Returns how many jobs. On PostgreSQL it then
         creates the history's day partitions ahead and drops those past retention."""
+        if self.sharded:
+            return sum(shard.purge() for shard in self.shards)
         w = self.worker_settings
 
         def attempt() -> int:
@@ -1335,6 +1696,8 @@ class Scheduler:
         NAME --json`` (the state in one sentence, the policies, the next 10 fires, the last 20
         decisions, the last 10 runs). Raises :class:`~scheduler.UnknownRow` for an unknown name.
         """
+        if self.sharded:
+            return self._task_shard(name).explain(name)
         from ._ops import explain as _explain
 
         self.check_schema()
@@ -1378,6 +1741,9 @@ class Scheduler:
         )
 
     def close(self) -> None:
+        if self.sharded:
+            for shard in self.shards:
+                shard.close()
         with self._events_lock:
             if self._events is not None:
                 self._events.close()
@@ -1416,3 +1782,12 @@ def _loop_running() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def _shard_listen(database: DatabaseSettings, index: int) -> DatabaseSettings:
+    """A shard's ``[database]`` settings: its ``listen_url`` (if any) on the shard's schema,
+    so that its LISTEN connection hears the shard's channel."""
+    if database.listen_url is None:
+        return database
+    listen = _shards.shard_url(database.listen_url, _shards.schema_name(index))
+    return dataclasses.replace(database, listen_url=listen)

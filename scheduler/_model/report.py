@@ -54,6 +54,13 @@ class TickReport:
     def add(self, outcome: str, name: str) -> None:
         getattr(self, outcome).append(name)
 
+    def extend(self, other: TickReport) -> None:
+        """Add `other`'s outcomes to these (the ticks of several shards, as one report)."""
+        for outcome in Outcome:
+            getattr(self, outcome).extend(getattr(other, outcome))
+        self.dispatched_slots.extend(other.dispatched_slots)
+        self.recovered.extend(other.recovered)
+
     def as_dict(self) -> dict[str, list[str]]:
         return {k.value: list(getattr(self, k)) for k in Outcome}
 

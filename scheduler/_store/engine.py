@@ -193,11 +193,12 @@ def _duration(seconds: float) -> str:
     return f"{max(1, round(seconds * 1000))}ms"
 
 
-def local_settings(database: DatabaseSettings) -> str:
+def local_settings(database: DatabaseSettings, schema: str | None = None) -> str:
     """One PostgreSQL statement that sets, for the current transaction only
     (``set_config(..., true)``, which is ``SET LOCAL``), what every transaction of ours needs:
     a lock wait of at most ``LOCK_TIMEOUT_SECONDS`` (a shorter ``lock_timeout`` already in
-    force stays) and the ``statement_timeout`` of ``[database]`` (if not 0)."""
+    force stays), the ``statement_timeout`` of ``[database]`` (if not 0), and a shard's
+    `schema` as the ``search_path``."""
     bound = f"{LOCK_TIMEOUT_SECONDS}s"
     current = "current_setting('lock_timeout')"
     settings = [
@@ -207,6 +208,8 @@ def local_settings(database: DatabaseSettings) -> str:
     if database.statement_timeout > 0:
         timeout = _duration(database.statement_timeout)
         settings.append(f"set_config('statement_timeout', '{timeout}', true)")
+    if schema is not None:
+        settings.append(f"set_config('search_path', '{schema}', true)")
     return "SELECT " + ", ".join(settings)
 
 
@@ -271,14 +274,16 @@ a statement run in its own implicit transaction sends before it
 (``scheduler/_store/pipeline.py``)."""
 
 
-def _settings_per_transaction(engine: Engine, database: DatabaseSettings) -> None:
+def _settings_per_transaction(
+    engine: Engine, database: DatabaseSettings, schema: str | None = None
+) -> None:
     """Behind a transaction pooler (``pooler = "transaction"``) a session setting lands on
     whichever server connection served that one statement: every transaction carries its own
     settings instead. With psycopg they travel with the BEGIN, in its one round trip (the
     driver is put in autocommit, so that it sends no BEGIN of its own; its ``commit()`` and
     ``rollback()`` still end the transaction the server has open); with another driver they
     are the transaction's first statement."""
-    settings = local_settings(database)
+    settings = local_settings(database, schema)
     psycopg = engine.dialect.driver == "psycopg"
     begin = f"BEGIN; {settings}"
 
@@ -308,15 +313,25 @@ def _settings_per_transaction(engine: Engine, database: DatabaseSettings) -> Non
             cursor.close()
 
 
-def make_engine(url: str, database: DatabaseSettings | None = None, **kwargs: Any) -> Engine:
+def make_engine(
+    url: str, database: DatabaseSettings | None = None, schema: str | None = None, **kwargs: Any
+) -> Engine:
     """Create an engine with our per-dialect settings and the ``[database]`` ones
     (``database``: the pool's size and overflow, the connect timeout, the statement timeout,
     the pooler; what the URL's own query sets, such as ``connect_timeout``, stays). Without
-    `database`, the defaults and ``SCHEDULER_DATABASE_<KEY>`` from the environment."""
+    `database`, the defaults and ``SCHEDULER_DATABASE_<KEY>`` from the environment.
+
+    `schema` (PostgreSQL, a shard's): the connections find the tables there, by the start-up
+    options' ``search_path`` (``shards.shard_url``), or behind a transaction pooler (which
+    passes no start-up options) by each transaction's settings."""
     database = database or settings_from_environment()
+    pooled = database.pooler == "transaction"
+    if schema is not None and not pooled:
+        from .shards import shard_url
+
+        url = shard_url(url, schema)
     parsed = make_url(url)
     backend = parsed.get_backend_name()
-    pooled = database.pooler == "transaction"
     if pooled and backend != "postgresql":
         raise ConfigError(
             f"[database] pooler = 'transaction' is for PostgreSQL behind a transaction-mode"
@@ -348,7 +363,7 @@ def make_engine(url: str, database: DatabaseSettings | None = None, **kwargs: An
         _sqlite_hooks(engine)
     else:
         if pooled:
-            _settings_per_transaction(engine, database)
+            _settings_per_transaction(engine, database, schema)
         else:
             _bounded_waits(engine, backend, database)
         if backend in ("mysql", "mariadb") and engine.dialect.driver == "pymysql":

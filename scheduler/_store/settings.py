@@ -30,6 +30,7 @@ class DatabaseSettings:
     statement_timeout: float = 0.0  # seconds any one statement of ours may run; 0 = off
     pooler: str = "none"  # or "transaction": the URL is a transaction-mode pooler (PgBouncer)
     listen_url: str | None = None  # a direct URL for the connection that listens for wake-ups
+    shards: int = 1  # PostgreSQL: the tables once per shard, in schemas scheduler_shard_0..N-1
 
 
 def _database_value(t: Keys, key: str) -> Any:
@@ -43,6 +44,7 @@ def _database_value(t: Keys, key: str) -> Any:
         "listen_url": lambda table: (
             table.text("listen_url") if "listen_url" in table.data else None
         ),
+        "shards": lambda table: table.integer("shards", 1),
     }
     name = DATABASE_ENV_PREFIX + key.upper()
     raw = os.environ.get(name, "").strip()

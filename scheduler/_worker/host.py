@@ -35,6 +35,13 @@ class Host(Protocol):
     config_path: str | None
     recorded_hooks: list[RecordedHook]
     known_handlers: Known
+    shard_index: int | None
+    """This one's shard, when it is one shard of several (else None)."""
+
+    @property
+    def shards(self) -> tuple[Host, ...]:
+        """The shards (``[database] shards``); just this one when there is one."""
+        ...
 
     def clock_offset(self) -> float | None:
         """The database's clock minus this host's, in seconds (None when not measured)."""

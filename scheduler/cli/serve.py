@@ -26,9 +26,10 @@ def migrate(state: State, revision: str) -> None:
 
     app = state.open(check_schema=False)
     app.migrate(revision)
-    current = _migrate.current_revision(app.store)
+    current = _migrate.current_revision(app.shards[0].store)
     suffix = " (head)" if current == _migrate.head_revision() else ""
-    click.echo(f"schema at revision {current or 'base'}{suffix}")
+    where = f" in {len(app.shards)} shards" if app.sharded else ""
+    click.echo(f"schema at revision {current or 'base'}{suffix}{where}")
 
 
 @cli.command()
@@ -55,6 +56,12 @@ def migrate(state: State, revision: str) -> None:
     help="Start even if an enabled task names a handler that no module in [worker] imports"
     " registered (its jobs then abort with no_handler); logged as a warning.",
 )
+@click.option(
+    "--shards",
+    metavar="RANGE",
+    help="Serve these shards only, e.g. 0-3 or 0,2 ([database] shards above 1)"
+    " [default: every shard].",
+)
 @pass_state
 def worker(
     state: State,
@@ -62,6 +69,7 @@ def worker(
     concurrency: int | None,
     queues: str | None,
     allow_unknown_handlers: bool,
+    shards: str | None,
 ) -> None:
     """Run the worker: tick, claim and run jobs.
 
@@ -71,9 +79,14 @@ def worker(
     leaves any still running to lease expiry and takeover, and exits 0.
     """
     from .._config import worker_options
+    from .._store.shards import parse_range
+    from .._worker.shards import ShardedWorker
     from .._worker.worker import Worker
 
     app = state.open()
+    served = None
+    if shards is not None:
+        served = parse_range(shards, len(app.shards), "worker --shards")
     # The options win over the file's [worker] values (checked alike).
     app.worker_settings = worker_options(
         app.worker_settings, queues=queues, concurrency=concurrency
@@ -91,7 +104,8 @@ def worker(
         sys.exit(1)
     for problem in problems:
         log.warning("%s", problem)
-    result = Worker(app).run(once=once, install_signals=True)
+    runs: Worker | ShardedWorker = ShardedWorker(app, shards=served) if app.sharded else Worker(app)
+    result = runs.run(once=once, install_signals=True)
     if result.left_running:
         # Their threads would keep the interpreter alive; their leases expire instead.
         hard_exit(0)
