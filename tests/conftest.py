@@ -54,7 +54,7 @@ _reachable: dict[str, str | None] = {}
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "reliability"))
 import _pgbouncer  # noqa: E402
-from helpers import citus_cluster  # noqa: E402
+from helpers import citus_cluster, shard_db  # noqa: E402
 
 PGBOUNCER_POOL = 4  # server connections the pooler keeps for this pytest process
 _bouncer: list[_pgbouncer.PgBouncer] = []
@@ -68,7 +68,7 @@ def pgbouncer_url() -> str:
     if not _bouncer and not _bouncer_problem:
         server = make_sa_url(PG_SERVER)
         bouncer = _pgbouncer.PgBouncer(
-            {_SESSION: (server.database or "test", _SESSION)},
+            {_SESSION: (server.database or "test", _SESSION), shard_db.NAME: (shard_db.NAME, None)},
             server_host=server.host or "127.0.0.1",
             server_port=server.port or 5432,
             pool_size=PGBOUNCER_POOL,
@@ -240,6 +240,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         _bouncer.pop().stop()
     citus_cluster.stop()
     _drop_namespaces()
+    shard_db.drop()
 
 
 def _fresh_server_db(url: str) -> None:
@@ -330,6 +331,22 @@ def pg_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path
     """A migrated, empty PostgreSQL database, directly and through PgBouncer (and on Citus for
     the tests marked ``citus``)."""
     return backend_url(request, request.param, tmp_path, sqlite_template)
+
+
+@pytest.fixture(params=["postgresql", "pgbouncer"])
+def shards_url(request: pytest.FixtureRequest) -> str:
+    """An empty PostgreSQL database of this pytest process's own, not migrated, for the tests of
+    ``[database] shards`` (:mod:`helpers.shard_db`), directly and through PgBouncer (then with
+    the pooler setting and a direct ``listen_url`` in the test's environment)."""
+    require_server(PG_URL, "PostgreSQL")
+    direct = shard_db.fresh(PG_SERVER)
+    if request.param != "pgbouncer":
+        return direct
+    monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+    monkeypatch.setenv("SCHEDULER_DATABASE_POOLER", "transaction")
+    monkeypatch.setenv("SCHEDULER_DATABASE_LISTEN_URL", direct)
+    pgbouncer_url()
+    return _bouncer[0].url(shard_db.NAME)
 
 
 @pytest.fixture

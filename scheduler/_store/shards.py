@@ -31,8 +31,11 @@ SCHEMA_PREFIX = "scheduler_shard_"
 
 CITUS_SETTING = "citus.enable_schema_based_sharding"
 
+# The connection's own schema is not one of the shards: a scheduler of one shard may keep its
+# tables in a schema of that name (``search_path``), as the tests' Citus cluster does.
 _FOUND = text(
-    "SELECT nspname FROM pg_namespace WHERE nspname LIKE :prefix ORDER BY nspname"
+    "SELECT nspname FROM pg_namespace WHERE nspname LIKE :prefix"
+    " AND nspname <> current_schema() ORDER BY nspname"
 ).bindparams(prefix=SCHEMA_PREFIX.replace("_", r"\_") + "%")
 
 
@@ -90,7 +93,8 @@ def _without_search_path(options: str) -> list[str]:
 
 
 def found_shards(conn: Connection) -> list[int]:
-    """The indexes of the shard schemas the database holds (any, migrated or not)."""
+    """The indexes of the shard schemas the database holds (any, migrated or not), but the
+    connection's own schema."""
     found: list[int] = []
     for name in conn.execute(_FOUND).scalars():
         suffix = str(name)[len(SCHEMA_PREFIX) :]
