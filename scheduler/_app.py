@@ -215,6 +215,7 @@ class Scheduler:
             prefix=broker.prefix,
         )
         self._schema_ok = False
+        self._layout_refused = False  # _check_layout refused the database's shards
         self.dashboard_settings = DashboardSettings()  # the file's [dashboard], if any
         self._tick_recorded_at: datetime | None = None
         self._events: EventLoop | None = None  # app.work()'s loop for async handlers
@@ -545,6 +546,7 @@ class Scheduler:
         problem = _shards.layout_error(found, len(self.shards), base)
         if problem is not None:
             where = f"database {self.database_name} ({self.database_source})"
+            self._layout_refused = True
             raise SchemaOutdated(f"{where}: {problem}")
 
     @property
@@ -580,8 +582,11 @@ class Scheduler:
         if self._sqlite_file_missing():
             raise SchemaOutdated(f"{where} does not exist: create it with `scheduler migrate`")
         try:
+            self._check_layout()  # first: shard schemas where none are expected say so
             _migrate.check_schema(self.store)
         except SchemaOutdated as exc:
+            if self._layout_refused:
+                raise
             text = str(exc)
             raise SchemaOutdated(f"{where}: {text.removeprefix('database ')}") from None
         except Exception as exc:
@@ -589,7 +594,6 @@ class Scheduler:
             if missing is None:
                 raise
             raise SchedulerError(f"{where} does not exist on the server: {missing}") from None
-        self._check_layout()
         self._schema_ok = True
 
     # -- rows -----------------------------------------------------------------------------

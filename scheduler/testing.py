@@ -132,8 +132,13 @@ class DriveReport:
 
 def _next_event(app: Scheduler, after: datetime) -> datetime | None:
     """The earliest instant after ``after`` at which a tick or a worker has something to do."""
-    with app.store.read() as conn:
-        return next_event(conn, after)
+    found: list[datetime] = []
+    for shard in app.shards:  # (one shard: the database's own tables)
+        with shard.store.read() as conn:
+            event = next_event(conn, after)
+        if event is not None:
+            found.append(event)
+    return min(found, default=None)
 
 
 def drive(
