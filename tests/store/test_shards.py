@@ -157,7 +157,8 @@ def test_one_shard_is_the_layout_without_shard_schemas(shards_url: str) -> None:
     assert (
         _count(
             shards_url,
-            "SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename = 'scheduler_jobs'",
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"
+            " AND tablename = 'scheduler_jobs'",
         )
         == 1
     )
