@@ -1543,6 +1543,11 @@ class Scheduler:
     def runner(self, settings: WorkerSettings | None = None) -> Runner:
         from ._worker.runner import Runner
 
+        if self.sharded:
+            raise SchedulerError(
+                "a runner claims from one shard: use app.shards[K].runner() (the worker and"
+                " app.work() serve every shard)"
+            )
         w = settings or self.worker_settings
         return Runner(
             self.store,

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._config import WorkerSettings
 from .._errors import SchedulerError
+from .shards import ShardedWorker
 from .worker import CANCEL_WAIT_SECONDS, Worker, WorkerResult, import_handlers
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class BackgroundWorker:
         self.settings = settings
         self.result: WorkerResult | None = None
         """How many runs it took to an outcome, and how many it left running (after stop)."""
-        self._worker: Worker | None = None
+        self._worker: Worker | ShardedWorker | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._done = threading.Event()
@@ -83,7 +84,12 @@ class BackgroundWorker:
             folder = os.path.dirname(app.config_path) if app.config_path else None
             import_handlers(self.settings.imports, folder)
         app.check_schema()  # the clear message, in the caller's thread
-        self._worker = worker = Worker(app, settings=self.settings, serve_metrics=False)
+        worker: Worker | ShardedWorker = (
+            ShardedWorker(app, settings=self.settings, serve_metrics=False)
+            if len(app.shards) > 1
+            else Worker(app, settings=self.settings, serve_metrics=False)
+        )
+        self._worker = worker
         self._thread = threading.Thread(target=self._run, name="scheduler-worker", daemon=True)
         self._thread.start()
         while not worker.started.wait(0.05):

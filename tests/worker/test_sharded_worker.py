@@ -150,3 +150,22 @@ def test_worker_shards_outside_the_database_is_one_line(
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "worker --shards" in lines[0], done.stderr
+
+
+def test_the_background_worker_serves_every_shard(shards_url: str) -> None:
+    registry = Registry()
+    app = Scheduler(shards_url, shards=SHARDS, registry=registry)
+    ran: list[int] = []
+
+    @registry.handler("t.note")
+    def note(job: object) -> None:
+        ran.append(job.id)  # type: ignore[attr-defined]
+
+    app.migrate()
+    tenants = _tenants_per_shard()
+    with app.background_worker(concurrency=4):
+        ids = [app.enqueue("t.note", tenant=t) for names in tenants.values() for t in names]
+        _wait(lambda: sorted(ran) == sorted(ids))
+    with pytest.raises(Exception, match="one shard"):
+        app.runner()
+    app.close()
