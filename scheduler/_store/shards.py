@@ -204,6 +204,6 @@ def layout(conn: Connection) -> tuple[list[int], bool]:
     connection's own schema (the layout without shards)."""
     from sqlalchemy import inspect
 
-    from .migrate import VERSION_TABLE
+    from .tables import jobs
 
-    return found_shards(conn), inspect(conn).has_table(VERSION_TABLE)
+    return found_shards(conn), inspect(conn).has_table(jobs.name)
