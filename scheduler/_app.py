@@ -170,6 +170,8 @@ class Scheduler:
         check_limits(self.limits, {}, config_path or "", complete=False)
         self.config_path = config_path
         self.database_source = database_source  # where the URL came from, for messages
+        if _shard is not None:  # one shard of several (SCHEDULER_DATABASE_SHARDS says N)
+            self.database_settings = dataclasses.replace(self.database_settings, shards=1)
         count = self.database_settings.shards
         if count > 1 and engine is not None:
             raise ConfigError(

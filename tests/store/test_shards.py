@@ -286,3 +286,22 @@ def test_routing_is_stable_and_spread() -> None:
     assert _shards.shard_of("anything", 1) == 0
     assert _shards.routing_key(None, "name") == "name"
     assert _shards.routing_key("acme", "name") == "acme"
+
+
+def test_shards_need_a_url_not_an_engine(shards_url: str) -> None:
+    engine = create_engine(_direct(shards_url))
+    with pytest.raises(ConfigError, match="'shards'.*need a database URL"):
+        Scheduler(engine=engine, shards=2, registry=Registry())
+    engine.dispose()
+
+
+def test_the_shards_key_from_the_environment_wins(
+    shards_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SCHEDULER_DATABASE_SHARDS", "3")
+    app = Scheduler(shards_url, registry=Registry())
+    assert len(app.shards) == 3
+    app.close()
+    monkeypatch.setenv("SCHEDULER_DATABASE_SHARDS", "none")
+    with pytest.raises(ConfigError, match="SCHEDULER_DATABASE_SHARDS"):
+        Scheduler(shards_url, registry=Registry())
