@@ -1,9 +1,10 @@
 """A worker for several shards (``[database] shards``): one :class:`Worker` per shard it
-serves, each on a thread of this process, over that shard's tables, its own tick, claims,
-wake-ups (the shard's channel) and presence; the worker's threads split between them.
-
-Each shard's worker claims, ticks and hears wake-ups on its own, so the shards take turns by
-themselves: a shard whose jobs wait is claimed from by its worker while another's sleeps.
+serves, each on a thread of this process, over that shard's tables, with its own tick, claims,
+wake-ups (the shard's channel) and presence; the jobs of all of them run on one pool of the
+worker's ``concurrency`` threads (:class:`Shared`), and together they hold no more jobs than
+one Worker of those threads would. Each shard's Worker claims when it has news (a wake-up on
+its channel, its tick, its poll, a place coming back), so the shards take turns by themselves:
+a busy shard uses every thread while the others have nothing ready.
 """
 
 from __future__ import annotations
@@ -17,17 +18,7 @@ from typing import Any
 
 from .._config import WorkerSettings
 from .host import Host
-from .worker import Worker, WorkerResult, _log
-
-
-def split(concurrency: int, count: int) -> list[int]:
-    """`concurrency` threads over `count` shards: as even as can be, each serving shard at
-    least one thread while the worker runs jobs at all (0: tick only, on every shard)."""
-    if concurrency <= 0:
-        return [0] * count
-    return [
-        max(1, concurrency // count + (1 if i < concurrency % count else 0)) for i in range(count)
-    ]
+from .worker import Shared, Worker, WorkerResult, _log
 
 
 class ShardedWorker:
@@ -46,17 +37,18 @@ class ShardedWorker:
         settings = settings or app.worker_settings
         chosen = tuple(range(len(app.shards))) if shards is None else tuple(shards)
         total = settings.concurrency if concurrency is None else concurrency
-        shares = split(total, len(chosen))
         self.shards = chosen
         self.concurrency = total
+        self.shared = Shared(total) if total > 0 else None
         self.workers = [
             Worker(
                 app.shards[index],
-                concurrency=share,
+                concurrency=total,
                 settings=settings,
                 serve_metrics=serve_metrics and position == 0,  # one process, one port
+                shared=self.shared,
             )
-            for position, (index, share) in enumerate(zip(chosen, shares, strict=True))
+            for position, index in enumerate(chosen)
         ]
         self.started = threading.Event()
         self._signals = 0
@@ -94,10 +86,13 @@ class ShardedWorker:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+        done = [result for result in results if result is not None]
+        left = sum(r.left_running for r in done)
+        if self.shared is not None:
+            self.shared.pool.shutdown(wait=not left, cancel_futures=True)
         if errors:
             raise errors[0]
-        done = [result for result in results if result is not None]
-        return WorkerResult(sum(r.handled for r in done), sum(r.left_running for r in done))
+        return WorkerResult(sum(r.handled for r in done), left)
 
     def stop(self, force: bool = False) -> None:
         """Stop every shard's worker (thread-safe)."""

@@ -124,6 +124,52 @@ class WorkerResult(NamedTuple):
     left_running: int  # jobs still running when the shutdown grace ran out
 
 
+class Shared:
+    """The threads of a worker process that serves several shards (``[database] shards``): one
+    pool for the jobs of every shard's :class:`Worker`, and the count of the jobs they hold on
+    it, so that together they hold no more jobs than one Worker of those threads would (its
+    capacity, the prefetch included). Which shard's Worker claims a free place is whichever
+    looks first; one that found none free is woken when a place comes back."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.pool = ThreadPoolExecutor(max(threads, 1), thread_name_prefix="scheduler-job")
+        self._lock = threading.Lock()
+        self._held = 0  # the jobs on the pool's threads, or waiting for one, of every shard
+        self._starved: set[Worker] = set()
+
+    def reserve(self, worker: Worker, wanted: int, capacity: int) -> int:
+        """Up to `wanted` places for `worker`'s claim, within `capacity` for all together
+        (given back with :meth:`unreserve` once the claimed jobs are counted by :meth:`hold`)."""
+        with self._lock:
+            granted = max(min(wanted, capacity - self._held), 0)
+            self._held += granted
+            if granted < wanted:
+                self._starved.add(worker)
+            return granted
+
+    def free_threads(self, reserved: int) -> int:
+        """The threads no job holds, a claim's own `reserved` places counted as free."""
+        with self._lock:
+            return max(self.threads - (self._held - reserved), 0)
+
+    def unreserve(self, count: int) -> None:
+        with self._lock:
+            self._held -= count
+
+    def hold(self, count: int) -> None:
+        with self._lock:
+            self._held += count
+
+    def release(self) -> None:
+        """A job left its place: wake the Workers that found none free."""
+        with self._lock:
+            self._held -= 1
+            starved, self._starved = self._starved, set()
+        for worker in starved:
+            worker._wake.set()
+
+
 class Worker:
     """Runs ``app``'s tick and jobs until :meth:`stop` (or SIGTERM/SIGINT), or for one round."""
 
@@ -134,11 +180,14 @@ class Worker:
         concurrency: int | None = None,
         settings: WorkerSettings | None = None,
         serve_metrics: bool = True,
+        shared: Shared | None = None,
     ) -> None:
         """``settings``: the worker's (default: ``app.worker_settings``); ``serve_metrics``:
         listen on ``[metrics] port`` (off for a worker inside a web process, where every
-        process would bind it)."""
+        process would bind it); ``shared``: the threads it shares with the Workers of other
+        shards in this process."""
         self.app = app
+        self._shared = shared
         self.settings = settings = settings or app.worker_settings
         self.concurrency = settings.concurrency if concurrency is None else concurrency
         self.async_concurrency = settings.async_concurrency
@@ -207,7 +256,11 @@ class Worker:
             started += f", wake-ups: {_wakeup.describe(self._listening)}"
         _log(logging.INFO, "worker_started", started + ")")
         previous = self._install_signals() if install_signals else {}
-        pool = ThreadPoolExecutor(max(self.concurrency, 1), thread_name_prefix="scheduler-job")
+        pool = (
+            self._shared.pool
+            if self._shared is not None
+            else ThreadPoolExecutor(max(self.concurrency, 1), thread_name_prefix="scheduler-job")
+        )
         self._pool = pool
         if self.concurrency > 0 and self.runner.limits:
             self.runner.successors = self  # ending attempts hand their places on (hand_on_queues)
@@ -236,7 +289,8 @@ class Worker:
             if stuck:
                 text = f"shutdown: {stuck} attempt(s) still running past their stop, left behind"
                 _log(logging.WARNING, "jobs_left_stuck", text)
-            pool.shutdown(wait=not (left or stuck), cancel_futures=True)
+            if self._shared is None:  # a shared pool: shut down by its owner, once all end
+                pool.shutdown(wait=not (left or stuck), cancel_futures=True)
             if self._events is not None:
                 self._events.close()
             if self._listening is not None:
@@ -477,6 +531,19 @@ class Worker:
         if self._events is not None and not self._sync_handlers:
             sync_free = 0  # every known handler is async: the threads only see unknown ones
         sync_free, loop_free = max(sync_free, 0), max(loop_free, 0)
+        shared, reserved = self._shared, 0
+        if shared is not None and sync_free > 0 and not self._stopping:
+            reserved = sync_free = shared.reserve(self, sync_free, self._capacity())
+        try:
+            return self._fill_places(pool, sync_free, loop_free, reserved)
+        finally:
+            if reserved:
+                shared.unreserve(reserved)  # type: ignore[union-attr]
+
+    def _fill_places(
+        self, pool: ThreadPoolExecutor, sync_free: int, loop_free: int, reserved: int
+    ) -> int | None:
+        """:meth:`_fill` with the free places known (`reserved` of them in :class:`Shared`)."""
         free = sync_free + loop_free
         if free <= 0 or self._stopping:
             return None
@@ -495,6 +562,8 @@ class Worker:
         with self._lock:
             sync_threads = max(threads - (len(self._running) - len(self._async)), 0)
         sync_threads = min(sync_threads, sync_free)
+        if self._shared is not None:  # the threads of every shard's Worker
+            sync_threads = min(sync_threads, self._shared.free_threads(reserved))
         claimed: list[Job] = []
         unlooked = False  # a kind of job not looked for (no free slot): not "found nothing"
         if self._events is None or not self._async_names:
@@ -598,6 +667,8 @@ class Worker:
                     self._events.start_job(job, self._run_async_job(job, stop), unstarted)
                 else:
                     self._running[job.id] = pool.submit(self._run_job, job, stop)
+                    if self._shared is not None:
+                        self._shared.hold(1)
 
     # -- stopping attempts: timeouts and cancels, then the fence ------------------------
     def _stopper(self) -> None:
@@ -814,12 +885,15 @@ class Worker:
     def _release(self, job_id: int, ran: bool = True) -> None:
         with self._lock:
             self._handled += ran
+            held_on_thread = job_id in self._running and job_id not in self._async
             self._running.pop(job_id, None)
             self._handed_in.discard(job_id)
             self._async.discard(job_id)
             self._awaiting.discard(job_id)
             if not ran:  # cancelled before its coroutine ran: nothing else removes it
                 self._stops.pop(job_id, None)
+        if held_on_thread and self._shared is not None:
+            self._shared.release()
         self._wake.set()
         if self._listening is not None:
             self._listening.slot_freed()

@@ -290,7 +290,7 @@ def test_routing_is_stable_and_spread() -> None:
 
 def test_shards_need_a_url_not_an_engine(shards_url: str) -> None:
     engine = create_engine(_direct(shards_url))
-    with pytest.raises(ConfigError, match="'shards'.*need a database URL"):
+    with pytest.raises(ConfigError, match=r"'shards'.*need a database URL"):
         Scheduler(engine=engine, shards=2, registry=Registry())
     engine.dispose()
 

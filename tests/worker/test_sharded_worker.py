@@ -4,6 +4,7 @@ fire each slot once, and SIGTERM stops every shard's worker."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -14,7 +15,6 @@ from helpers.worker_process import WorkerProcess
 from scheduler import Scheduler
 from scheduler._model.handlers import Registry
 from scheduler._store import shards as _shards
-from scheduler._worker.shards import split
 
 SHARDS = 4
 MARKS = """
@@ -132,14 +132,6 @@ def test_two_workers_fire_each_slot_of_every_shard_once(shards_url: str, tmp_pat
     app.close()
 
 
-def test_threads_split_over_the_shards() -> None:
-    assert split(10, 4) == [3, 3, 2, 2]
-    assert split(4, 4) == [1, 1, 1, 1]
-    assert split(2, 4) == [1, 1, 1, 1]  # each served shard gets a thread
-    assert split(0, 3) == [0, 0, 0]  # tick only
-    assert sum(split(17, 5)) == 17
-
-
 @pytest.mark.parametrize("bad", ["4", "0-9", "x"])
 def test_worker_shards_outside_the_database_is_one_line(
     shards_url: str, tmp_path: Path, bad: str
@@ -168,4 +160,37 @@ def test_the_background_worker_serves_every_shard(shards_url: str) -> None:
         _wait(lambda: sorted(ran) == sorted(ids))
     with pytest.raises(Exception, match="one shard"):
         app.runner()
+    app.close()
+
+
+def test_the_shards_share_the_workers_threads(shards_url: str) -> None:
+    """One shard's jobs use every thread while the others have none; jobs of every shard
+    together never run on more threads than the worker's concurrency."""
+    registry = Registry()
+    app = Scheduler(shards_url, shards=SHARDS, registry=registry)
+    lock = threading.Lock()
+    running = [0]
+    most = [0]
+    done: list[int] = []
+
+    @registry.handler("t.busy")
+    def busy(job: object) -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.3)
+        with lock:
+            running[0] -= 1
+            done.append(job.id)  # type: ignore[attr-defined]
+
+    app.migrate()
+    tenants = _tenants_per_shard()
+    with app.background_worker(concurrency=3):
+        one_shard = [app.enqueue("t.busy", tenant=tenants[2][0]) for _ in range(9)]
+        _wait(lambda: set(done) >= set(one_shard))
+        assert most[0] == 3  # all three threads on shard 2's jobs
+        most[0] = 0
+        every = [app.enqueue("t.busy", tenant=t) for names in tenants.values() for t in names]
+        _wait(lambda: set(done) >= set(every))
+    assert most[0] == 3  # never more than the worker's threads, all shards together
     app.close()
