@@ -1344,10 +1344,7 @@ class Scheduler:
         audited; a new ``reason`` replaces the old one)."""
         if self.sharded:  # every shard's workers claim from the queue: each shard says
             self._one_transaction(connection)
-            changed = [
-                shard.pause_queue(queue, reason=reason, actor=actor) for shard in self.shards
-            ]
-            return any(changed)
+            return self._queue_change_in_shards("pause", queue, reason, actor)
         return self._queue_change("pause", queue, reason, actor, connection)
 
     def resume_queue(
@@ -1362,16 +1359,20 @@ class Scheduler:
         not paused (nothing changed, nothing audited)."""
         if self.sharded:
             self._one_transaction(connection)
-            changed = [
-                shard.resume_queue(queue, reason=reason, actor=actor) for shard in self.shards
-            ]
-            return any(changed)
+            return self._queue_change_in_shards("resume", queue, reason, actor)
         return self._queue_change("resume", queue, reason, actor, connection)
 
     def _queue_change(
-        self, action: str, queue: str, reason: str | None, actor: str | None, connection: Any
+        self,
+        action: str,
+        queue: str,
+        reason: str | None,
+        actor: str | None,
+        connection: Any,
+        audited: bool = True,
     ) -> bool:
-        """Pause or resume ``queue``, audited when it changed (target ``queue NAME``)."""
+        """Pause or resume ``queue``, audited when it changed (target ``queue NAME``) and
+        ``audited``."""
         _check_queue(queue)
         who, why = _audit.check(actor, reason)
 
@@ -1381,12 +1382,23 @@ class Scheduler:
                 changed = _queues.pause(conn, queue, now=now, actor=who, reason=why)
             else:
                 changed = _queues.resume(conn, queue)
-            if changed:
+            if changed and audited:
                 target = f"queue {queue}"
                 _audit.record(conn, now=now, actor=who, action=action, target=target, reason=why)
             return changed
 
         return self._write(f"{action} {queue}", write, connection)
+
+    def _queue_change_in_shards(
+        self, action: str, queue: str, reason: str | None, actor: str | None
+    ) -> bool:
+        """Pause or resume ``queue`` in every shard (each shard's workers read their own),
+        one transaction each; one audit entry, in the first shard where it changed."""
+        changed = False
+        for shard in self.shards:
+            here = shard._queue_change(action, queue, reason, actor, None, audited=not changed)
+            changed = changed or here
+        return changed
 
     def paused_queues(self) -> list[PausedQueue]:
         """The paused queues, by name: each with ``paused_at``, ``paused_by`` and ``reason``."""

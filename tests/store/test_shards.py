@@ -305,3 +305,17 @@ def test_the_shards_key_from_the_environment_wins(
     monkeypatch.setenv("SCHEDULER_DATABASE_SHARDS", "none")
     with pytest.raises(ConfigError, match="SCHEDULER_DATABASE_SHARDS"):
         Scheduler(shards_url, registry=Registry())
+
+
+def test_a_pause_holds_in_every_shard_and_is_audited_once(shards_url: str) -> None:
+    app = _sharded(shards_url)
+    app.migrate()
+    assert app.pause_queue("default", reason="maintenance") is True
+    for shard in app.shards:
+        assert [p.queue for p in shard.paused_queues()] == ["default"]
+    assert app.pause_queue("default") is False
+    assert app.resume_queue("default") is True
+    assert all(shard.paused_queues() == [] for shard in app.shards)
+    entries = [(e.action, e.target) for e in app.audit()]
+    assert entries == [("resume", "queue default"), ("pause", "queue default")]
+    app.close()
