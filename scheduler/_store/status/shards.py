@@ -1,0 +1,160 @@
+"""Health across shards (``[database] shards`` above 1): each shard's read (``health._gather``,
+one transaction in the shard's schema) merged into what one database would have answered.
+
+Counts add up; the oldest ready job is the oldest of all, the latest finished attempt the
+latest; the rows of every kind are merged by name (the first ``limit`` of all, the totals
+added); a worker serving several shards keeps a presence row in each, shown once (seen last
+when it was seen last anywhere, its stuck attempts added); a queue is paused in every shard.
+The last tick is the one every shard has had since: the oldest of each shard's latest tick
+(a shard never ticked has none), and the shards behind are named in ``no scheduler tick``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from ..._model.time import iso
+from .warned import KINDS, WarnedRows
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .health import _Found
+
+
+@dataclass(frozen=True)
+class SeenWorker:
+    """A worker's presence over the shards (the columns of ``scheduler_workers`` that health
+    reads)."""
+
+    id: str
+    hostname: str
+    pid: int
+    started_at: datetime
+    last_seen_at: datetime
+    last_tick_at: datetime | None
+    clock_offset: float | None
+    stuck_attempts: int | None
+    handlers: str | None
+
+
+def workers(found: Sequence[_Found]) -> list[SeenWorker]:
+    """Every shard's presence rows, one per worker id, by when they started."""
+    by_id: dict[str, SeenWorker] = {}
+    for shard in found:
+        for w in shard.seen:
+            was = by_id.get(w.id)
+            if was is None:
+                by_id[w.id] = SeenWorker(
+                    w.id,
+                    w.hostname,
+                    w.pid,
+                    w.started_at,
+                    w.last_seen_at,
+                    w.last_tick_at,
+                    w.clock_offset,
+                    w.stuck_attempts,
+                    w.handlers,
+                )
+                continue
+            latest = w if w.last_seen_at > was.last_seen_at else was
+            ticks = [t for t in (was.last_tick_at, w.last_tick_at) if t is not None]
+            stuck = [s for s in (was.stuck_attempts, w.stuck_attempts) if s is not None]
+            by_id[w.id] = SeenWorker(
+                w.id,
+                latest.hostname,
+                latest.pid,
+                min(was.started_at, w.started_at),
+                latest.last_seen_at,
+                max(ticks) if ticks else None,
+                latest.clock_offset,
+                sum(stuck) if stuck else None,
+                was.handlers or w.handlers,
+            )
+    return sorted(by_id.values(), key=lambda w: (w.started_at, w.id))
+
+
+def warned(found: Sequence[_Found], limit: int | None) -> WarnedRows:
+    """The rows of each kind of every shard, by name, the first ``limit`` of them; totals
+    added."""
+    rows: dict[str, list[Any]] = {}
+    total: dict[str, int] = {}
+    for kind in KINDS:
+        every = sorted((w for f in found for w in f.warned.found[kind]), key=lambda w: w.name)
+        rows[kind] = every if limit is None else every[:limit]
+        total[kind] = sum(f.warned.total[kind] for f in found)
+    return WarnedRows(rows, total)
+
+
+def merged(found: Sequence[_Found], limit: int | None) -> _Found:
+    """One read's worth of every shard's (see the module's docstring)."""
+    from .health import _Found
+
+    def least(values: Sequence[datetime | None]) -> datetime | None:
+        known = [v for v in values if v is not None]
+        return min(known) if known else None
+
+    def latest(values: Sequence[datetime | None]) -> datetime | None:
+        known = [v for v in values if v is not None]
+        return max(known) if known else None
+
+    counts: dict[str, int] = {}
+    unrun: dict[str, int] = {}
+    paused: dict[str, Any] = {}
+    for shard in found:
+        for state, count in shard.counts.items():
+            counts[state] = counts.get(state, 0) + count
+        for handler, count in shard.unrun.items():
+            unrun[handler] = unrun.get(handler, 0) + count
+        for queue in shard.paused:
+            paused.setdefault(queue.queue, queue)
+    return _Found(
+        task_rows=sorted((r for f in found for r in f.task_rows), key=lambda r: r.name),
+        backfilled={name: state for f in found for name, state in f.backfilled.items()},
+        counts=counts,
+        waiting=sum(f.waiting for f in found),
+        overdue=sum(f.overdue for f in found),
+        stopped=sum(f.stopped for f in found),
+        oldest_ready=least([f.oldest_ready for f in found]),
+        last_finished=latest([f.last_finished for f in found]),
+        any_enabled=any(f.any_enabled for f in found),
+        paused=[paused[name] for name in sorted(paused)],
+        warned=warned(found, limit),
+        seen=list(workers(found)),
+        unrun=dict(sorted(unrun.items())),
+    )
+
+
+def _latest_tick(shard: _Found) -> datetime | None:
+    ticks = [w.last_tick_at for w in shard.seen if w.last_tick_at is not None]
+    return max(ticks) if ticks else None
+
+
+def last_tick(
+    found: Sequence[_Found], now: datetime, tick_after: float
+) -> tuple[datetime | None, list[int]]:
+    """The tick every shard has had since (None if a shard never ticked), and the shards
+    whose latest tick is older than ``tick_after`` seconds, or missing."""
+    latest = [_latest_tick(shard) for shard in found]
+    behind = now - timedelta(seconds=tick_after)
+    lagging = [k for k, at in enumerate(latest) if at is None or at <= behind]
+    if any(at is None for at in latest):
+        return None, lagging
+    return min(at for at in latest if at is not None), lagging
+
+
+def breakdown(found: Sequence[_Found]) -> list[dict[str, Any]]:
+    """``status``'s ``health.shards``: each shard's own figures, in shard order."""
+    return [
+        {
+            "shard": index,
+            "jobs": dict(shard.counts),
+            "waiting": shard.waiting,
+            "overdue": shard.overdue,
+            "stopped": shard.stopped,
+            "last_tick_at": iso(_latest_tick(shard)),
+        }
+        for index, shard in enumerate(found)
+    ]
