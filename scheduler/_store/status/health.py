@@ -555,7 +555,7 @@ def _read(
             store.engine.dialect.name, store.database, settings.broker_url, settings.wakeups
         )
     )
-    data = {
+    data: dict[str, Any] = {
         "rows": [_row(r, one.backfilled.get(r.name)) for r in one.task_rows],
         "jobs": one.counts,
         "health": {
