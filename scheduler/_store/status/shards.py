@@ -16,6 +16,8 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..._model.time import iso
+from .dashboard import Page
+from .present import Bucket, QueueCounts
 from .warned import KINDS, WarnedRows
 
 if TYPE_CHECKING:
@@ -100,20 +102,15 @@ def merged(found: Sequence[_Found], limit: int | None) -> _Found:
         known = [v for v in values if v is not None]
         return max(known) if known else None
 
-    counts: dict[str, int] = {}
-    unrun: dict[str, int] = {}
     paused: dict[str, Any] = {}
     for shard in found:
-        for state, count in shard.counts.items():
-            counts[state] = counts.get(state, 0) + count
-        for handler, count in shard.unrun.items():
-            unrun[handler] = unrun.get(handler, 0) + count
         for queue in shard.paused:
             paused.setdefault(queue.queue, queue)
+    unrun = counts([f.unrun for f in found])
     return _Found(
         task_rows=sorted((r for f in found for r in f.task_rows), key=lambda r: r.name),
         backfilled={name: state for f in found for name, state in f.backfilled.items()},
-        counts=counts,
+        counts=counts([f.counts for f in found]),
         waiting=sum(f.waiting for f in found),
         overdue=sum(f.overdue for f in found),
         stopped=sum(f.stopped for f in found),
@@ -158,3 +155,61 @@ def breakdown(found: Sequence[_Found]) -> list[dict[str, Any]]:
         }
         for index, shard in enumerate(found)
     ]
+
+
+# -- the dashboard's pages over the shards ---------------------------------------------------
+def page(found: Sequence[Page], key: str, limit: int, *, newest_first: bool = False) -> Page:
+    """One page of every shard's same page (each its first ``limit`` items from the same
+    cursor): the first ``limit`` of all by ``key``; more if any shard had more, or if some
+    were cut here (the cursor is then the last item's key, as one shard's page gives)."""
+    items = sorted(
+        (item for one in found for item in one.items),
+        key=lambda item: item[key],
+        reverse=newest_first,
+    )
+    more = len(items) > limit or any(one.next_cursor is not None for one in found)
+    items = items[:limit]
+    return Page(items, items[-1][key] if more and items else None)
+
+
+def running(found: Sequence[list[dict[str, Any]]], limit: int) -> list[dict[str, Any]]:
+    """The Running page's jobs of every shard: the lease ending soonest first, at most
+    ``limit``."""
+    every = sorted(
+        (job for one in found for job in one), key=lambda j: (j["lease_expires_at"], j["id"])
+    )
+    return every[:limit]
+
+
+def queue_lines(found: Sequence[list[QueueCounts]]) -> list[QueueCounts]:
+    """The Queues page's lines of every shard, one per queue (the counts added), by name."""
+    lines: dict[str, QueueCounts] = {}
+    for one in found:
+        for line in one:
+            into = lines.setdefault(line.queue, QueueCounts(line.queue))
+            into.ready += line.ready
+            into.scheduled += line.scheduled
+            into.running += line.running
+            into.succeeded += line.succeeded
+            into.failed += line.failed
+            into.paused = into.paused or line.paused
+    return [lines[q] for q in sorted(lines)]
+
+
+def buckets(found: Sequence[list[Bucket]]) -> list[Bucket]:
+    """The chart's bars of every shard (the same bounds in each), the attempts added."""
+    return [
+        Bucket(
+            bars[0].start, bars[0].end, sum(b.succeeded for b in bars), sum(b.failed for b in bars)
+        )
+        for bars in zip(*found, strict=True)
+    ]
+
+
+def counts(found: Sequence[dict[str, int]]) -> dict[str, int]:
+    """Counts by key, added over the shards."""
+    total: dict[str, int] = {}
+    for one in found:
+        for key, count in one.items():
+            total[key] = total.get(key, 0) + count
+    return total
