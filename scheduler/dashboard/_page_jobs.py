@@ -57,7 +57,7 @@ def jobs(dash: Dashboard, request: Request) -> Response:
 
 def job(dash: Dashboard, request: Request) -> Response:
     job_id = request.path_params["job_id"]
-    shard = dash.app._job_shard(job_id)  # the app itself with one shard
+    shard = dash.app._job_shard(job_id) if dash.app.sharded else dash.app  # the job's shard
     with shard.store.read() as conn:
         found = get_job(conn, job_id)
         if found is not None:  # a ready job a limit holds back says what it waits for

@@ -66,7 +66,8 @@ def tasks(dash: Dashboard, request: Request) -> Response:
 
 def task(dash: Dashboard, request: Request) -> Response:
     name = request.path_params["name"]
-    data = _views.task_page(dash.app._task_shard(name), name, dash.app.clock())
+    app = dash.app._task_shard(name) if dash.app.sharded else dash.app  # the task's shard
+    data = _views.task_page(app, name, dash.app.clock())
     if data is None:
         return dash.render(request, "missing.html", {"what": f"task {name!r}"}, 404)
     return dash.render(request, "task.html", {**data, "owner": dash.app._owner()})
