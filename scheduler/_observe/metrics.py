@@ -221,7 +221,7 @@ def _vacuum_metrics(dead: list[tuple[str | None, dict[str, int]]], age: float) -
         "scheduler_table_dead_tuples",
         "Dead row versions waiting for vacuum in each scheduler table (PostgreSQL,"
         " pg_stat_user_tables.n_dead_tup).",
-        labels=_labels(["table"], dead[0][0]),
+        labels=_names(["table"], dead[0][0]),
     )
     for shard, found in dead:
         for table in _horizon.TABLES:
@@ -240,12 +240,12 @@ def _limit_metrics(found: list[tuple[str | None, dict[str, tuple[int, int]]]]) -
     in_use = GaugeMetricFamily(
         "scheduler_limit_in_use",
         "Attempts running under each limit, across every worker (all its partitions).",
-        labels=_labels(["limit"], shard_label),
+        labels=_names(["limit"], shard_label),
     )
     waiting = GaugeMetricFamily(
         "scheduler_limit_waiting",
         "Ready jobs under each limit still queued (held back, or not claimed yet).",
-        labels=_labels(["limit"], shard_label),
+        labels=_names(["limit"], shard_label),
     )
     for shard, figures in found:
         for name, (running, ready) in sorted(figures.items()):
@@ -255,9 +255,14 @@ def _limit_metrics(found: list[tuple[str | None, dict[str, tuple[int, int]]]]) -
 
 
 def _labels(values: list[str], shard: str | None) -> list[str]:
-    """A gauge's label names or values, with the shard's last when sharded (``[database]
-    shards`` above 1; `shard` is then the shard's label value, else None)."""
+    """A series' label values, with its shard's last when sharded (``[database] shards``
+    above 1; `shard` is then the shard's label value, else None)."""
     return values if shard is None else [*values, shard]
+
+
+def _names(names: list[str], shard: str | None) -> list[str]:
+    """A gauge's label names, with ``shard`` last when sharded (`shard` not None)."""
+    return names if shard is None else [*names, "shard"]
 
 
 def _shard_stores(app: MetricsHost) -> list[tuple[str | None, Store]]:
@@ -315,7 +320,7 @@ class DatabaseCollector(Collector):
         labelled = every[0][0] if every else None  # a shard's label value: sharded
 
         def labels(*names: str) -> list[str]:
-            return _labels(list(names), labelled)
+            return _names(list(names), labelled)
 
         by_state = GaugeMetricFamily(
             "scheduler_jobs_by_state",
