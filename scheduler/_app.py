@@ -1722,7 +1722,8 @@ class Scheduler:
 
     def status(self, *, rows: bool = True) -> dict[str, Any]:
         """Rows, job counts and health: the data of ``scheduler status --json``; without
-        ``rows``, its ``rows`` list is empty (:meth:`status_rows` walks them)."""
+        ``rows``, its ``rows`` list is empty (:meth:`status_rows` walks them). With shards,
+        every shard's, merged (``health.shards``: each shard's own figures)."""
         self.check_schema()
         return _health.status(self._read_stores(), self.clock(), self.health_settings(), rows=rows)
 

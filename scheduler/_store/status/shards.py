@@ -7,6 +7,10 @@ added); a worker serving several shards keeps a presence row in each, shown once
 when it was seen last anywhere, its stuck attempts added); a queue is paused in every shard.
 The last tick is the one every shard has had since: the oldest of each shard's latest tick
 (a shard never ticked has none), and the shards behind are named in ``no scheduler tick``.
+
+The dashboard's pages merge the same way (:func:`page`, :func:`running`, :func:`queue_lines`,
+:func:`buckets`, :func:`counts`): each shard's page read from the same cursor, the first page of
+all kept; the present's figures added. docs/explanation/reading-across-shards.md.
 """
 
 from __future__ import annotations
