@@ -118,3 +118,33 @@ def test_jobs_job_explain_audit_and_tasks_read_every_shard(
         cli(tmp_path, shards_url, "tasks", "list", "--tenant", "tenant-5", "--json")
     )
     assert [r["name"] for r in tenant] == [n for n in seeded.names if int(n[-2:]) % 12 == 5]
+
+
+def test_the_runtime_task_commands_and_the_job_actions_reach_the_right_shard(
+    seeded: Seeded, shards_url: str, tmp_path: Path
+) -> None:
+    app = seeded.app
+    cli(
+        tmp_path,
+        shards_url,
+        *("tasks", "put", "cli-task", "--cron", "0 4 * * *", "--handler", "t.ok"),
+        *("--tenant", "tenant-3"),
+    )
+    holder = app.shard_for("tenant-3", "cli-task")
+    assert holder.get_row("cli-task") is not None
+    assert [s.shard_index for s in app.shards if s.get_row("cli-task")] == [holder.shard_index]
+    shown = json.loads(cli(tmp_path, shards_url, "explain", "cli-task", "--json"))
+    assert shown["name"] == "cli-task"
+    cli(tmp_path, shards_url, "tasks", "remove", "cli-task")
+    assert app.get_row("cli-task") is None
+
+    retried, cancelled = seeded.aborted[2][0], seeded.queued[3][0]
+    cli(tmp_path, shards_url, "retry", str(retried), "--reason", "fixed")
+    cli(tmp_path, shards_url, "cancel", str(cancelled), "--reason", "not needed")
+    assert app.shards[2].get_job(retried).state == "queued"  # type: ignore[union-attr]
+    assert app.shards[3].get_job(cancelled).state == "aborted"  # type: ignore[union-attr]
+    name = seeded.tasks[1][2]
+    cli(tmp_path, shards_url, "disable", name, "--reason", "from the cli")
+    assert app.shards[1].get_row(name).enabled is False  # type: ignore[union-attr]
+    data = json.loads(cli(tmp_path, shards_url, "status", "--json"))
+    assert name in data["health"]["rows_disabled"]
