@@ -1734,9 +1734,10 @@ class Scheduler:
 
     def status(self, *, rows: bool = True) -> dict[str, Any]:
         """Rows, job counts and health: the data of ``scheduler status --json``; without
-        ``rows``, its ``rows`` list is empty (:meth:`status_rows` walks them)."""
+        ``rows``, its ``rows`` list is empty (:meth:`status_rows` walks them). With shards,
+        every shard's, merged (``health.shards``: each shard's own figures)."""
         self.check_schema()
-        return _health.status(self.store, self.clock(), self.health_settings(), rows=rows)
+        return _health.status(self._read_stores(), self.clock(), self.health_settings(), rows=rows)
 
     def status_summary(self, limit: int = 50) -> dict[str, Any] | None:
         """``status`` past 200 rows (None at 200 or fewer): the data of :meth:`status`
@@ -1746,13 +1747,20 @@ class Scheduler:
         ``{"name", "kind"}`` (``attention_more``: there are more). What ``scheduler status``
         prints at that size."""
         self.check_schema()
-        return _health.summary(self.store, self.clock(), self.health_settings(), limit=limit)
+        return _health.summary(
+            self._read_stores(), self.clock(), self.health_settings(), limit=limit
+        )
 
     def status_rows(self) -> Iterator[dict[str, Any]]:
         """The ``rows`` of :meth:`status`, one at a time, read a page at a time: every row in
         flat memory (``scheduler status --json`` streams them)."""
         self.check_schema()
-        return _health.status_rows(self.store)
+        return _health.status_rows(self._read_stores())
+
+    def _read_stores(self) -> list[Store]:
+        """The stores that hold the tables: each shard's (just this one's with one shard);
+        the status reads merge theirs."""
+        return [shard.store for shard in self.shards]
 
     def health_settings(self) -> _health.HealthSettings:
         """What ``status`` and the dashboard's health page need of this Scheduler's settings."""

@@ -216,15 +216,16 @@ class RunTimes(Collector):
         yield waited
 
 
-def _vacuum_metrics(dead: dict[str, int], age: float) -> Iterator[Metric]:
+def _vacuum_metrics(dead: list[tuple[str | None, dict[str, int]]], age: float) -> Iterator[Metric]:
     tuples = GaugeMetricFamily(
         "scheduler_table_dead_tuples",
         "Dead row versions waiting for vacuum in each scheduler table (PostgreSQL,"
         " pg_stat_user_tables.n_dead_tup).",
-        labels=["table"],
+        labels=_names(["table"], dead[0][0]),
     )
-    for table in _horizon.TABLES:
-        tuples.add_metric([table], float(dead.get(table, 0)))
+    for shard, found in dead:
+        for table in _horizon.TABLES:
+            tuples.add_metric(_labels([table], shard), float(found.get(table, 0)))
     yield tuples
     yield GaugeMetricFamily(
         "scheduler_oldest_transaction_age_seconds",
@@ -234,50 +235,77 @@ def _vacuum_metrics(dead: dict[str, int], age: float) -> Iterator[Metric]:
     )
 
 
-def _limit_metrics(found: dict[str, tuple[int, int]]) -> Iterator[Metric]:
+def _limit_metrics(found: list[tuple[str | None, dict[str, tuple[int, int]]]]) -> Iterator[Metric]:
+    shard_label = found[0][0]
     in_use = GaugeMetricFamily(
         "scheduler_limit_in_use",
         "Attempts running under each limit, across every worker (all its partitions).",
-        labels=["limit"],
+        labels=_names(["limit"], shard_label),
     )
     waiting = GaugeMetricFamily(
         "scheduler_limit_waiting",
         "Ready jobs under each limit still queued (held back, or not claimed yet).",
-        labels=["limit"],
+        labels=_names(["limit"], shard_label),
     )
-    for name, (running, ready) in sorted(found.items()):
-        in_use.add_metric([name], running)
-        waiting.add_metric([name], ready)
+    for shard, figures in found:
+        for name, (running, ready) in sorted(figures.items()):
+            in_use.add_metric(_labels([name], shard), running)
+            waiting.add_metric(_labels([name], shard), ready)
     yield from (in_use, waiting)
+
+
+def _labels(values: list[str], shard: str | None) -> list[str]:
+    """A series' label values, with its shard's last when sharded (``[database] shards``
+    above 1; `shard` is then the shard's label value, else None)."""
+    return values if shard is None else [*values, shard]
+
+
+def _names(names: list[str], shard: str | None) -> list[str]:
+    """A gauge's label names, with ``shard`` last when sharded (`shard` not None)."""
+    return names if shard is None else [*names, "shard"]
+
+
+def _shard_stores(app: MetricsHost) -> list[tuple[str | None, Store]]:
+    """The stores to read, each with its ``shard`` label value: the app's alone (None), or,
+    with ``[database] shards`` above 1, each shard's ("0", "1", ...)."""
+    shards = getattr(app, "shards", None)  # a Scheduler's; a MetricsHost need not have them
+    if not shards or len(shards) < 2:
+        return [(None, app.store)]
+    return [(str(index), shard.store) for index, shard in enumerate(shards)]
 
 
 class DatabaseCollector(Collector):
     """The gauges read from the database, cached for ``cache_seconds`` (one statement each
-    refresh). A failed read is logged and the last figures are served meanwhile."""
+    refresh; one per shard with ``[database] shards`` above 1, each gauge then labelled with
+    its ``shard``). A failed read is logged and the last figures are served meanwhile."""
 
     def __init__(self, app: MetricsHost, cache_seconds: float = 5.0) -> None:
         self.app = app
         self.cache_seconds = cache_seconds
         self._lock = threading.Lock()
         self._read_at = float("-inf")
-        self._rows: list[Any] = []
+        self._rows: list[tuple[str | None, list[Any]]] = []
         self._now: datetime | None = None
-        self._limits: dict[str, tuple[int, int]] = {}
+        self._limits: list[tuple[str | None, dict[str, tuple[int, int]]]] = []
 
     def describe(self) -> Iterable[Metric]:
         return []  # not read at registration: the database may not be there yet
 
-    def _refresh(self) -> tuple[list[Any], datetime | None]:
+    def _refresh(self) -> tuple[list[tuple[str | None, list[Any]]], datetime | None]:
         with self._lock:
             if time.monotonic() - self._read_at >= self.cache_seconds:
                 now = self.app.clock()
                 try:
-                    self._rows = _figures.read(self.app.store, now)
+                    stores = _shard_stores(self.app)
+                    self._rows = [(shard, _figures.read(store, now)) for shard, store in stores]
                     self._now = now
                     limits = self.app.limit_set(check=False)
                     if limits:  # statements of their own, only where limits are configured
-                        with self.app.store.read() as conn:
-                            self._limits = _limits.gauges(conn, limits, now)
+                        found = []
+                        for shard, store in stores:
+                            with store.read() as conn:
+                                found.append((shard, _limits.gauges(conn, limits, now)))
+                        self._limits = found
                 except Exception as exc:
                     log.warning(
                         "metrics: cannot read the database: %s",
@@ -288,68 +316,78 @@ class DatabaseCollector(Collector):
             return self._rows, self._now
 
     def collect(self) -> Iterator[Metric]:
-        found, read_at = self._refresh()
+        every, read_at = self._refresh()
+        labelled = every[0][0] if every else None  # a shard's label value: sharded
+
+        def labels(*names: str) -> list[str]:
+            return _names(list(names), labelled)
+
         by_state = GaugeMetricFamily(
             "scheduler_jobs_by_state",
             "Jobs in each state, per queue (read from the database, cached).",
-            labels=["state", "queue"],
+            labels=labels("state", "queue"),
         )
         oldest = GaugeMetricFamily(
             "scheduler_job_oldest_ready_age_seconds",
             "How long the oldest ready (queued and due) job of each queue has waited.",
-            labels=["queue"],
+            labels=labels("queue"),
         )
         tasks = GaugeMetricFamily(
-            "scheduler_tasks", "Tasks (rows) enabled and disabled.", labels=["state"]
+            "scheduler_tasks", "Tasks (rows) enabled and disabled.", labels=labels("state")
         )
         success = GaugeMetricFamily(
             "scheduler_task_last_success_timestamp_seconds",
             "When each task's last successful job finished (Unix time; while its jobs are kept).",
-            labels=["task"],
+            labels=labels("task"),
         )
         failures = GaugeMetricFamily(
             "scheduler_task_consecutive_failures",
             "Each task's consecutive failures (its row's count).",
-            labels=["task"],
+            labels=labels("task"),
         )
         up = GaugeMetricFamily(
             "scheduler_worker_up",
             f"1 for a worker seen in the last {WORKER_UP_SECONDS:g}s, 0 for one that stopped"
             " without unregistering (until it is forgotten).",
-            labels=["worker"],
+            labels=labels("worker"),
         )
-        counts: dict[tuple[str, str], float] = {}
-        queues = set(self.app.worker_settings.queues)
-        ready_since: dict[str, datetime] = {}
-        task_states = {"enabled": 0, "disabled": 0}
-        dead: dict[str, int] = {}
+        dead: list[tuple[str | None, dict[str, int]]] = []
         vacuum: float | None = None  # PostgreSQL: the oldest horizon holder's age
-        for kind, a, b, n, at in found:
-            if kind == "jobs":
-                counts[a, b] = n
-                queues.add(b)
-                if at is not None:
-                    ready_since[b] = min(at, ready_since.get(b, at))
-            elif kind == "task":
-                task_states[b] += 1
-                failures.add_metric([a], n)
-                if at is not None:
-                    success.add_metric([a], at.timestamp())
-            elif kind == "dead":
-                dead[a] = int(n)
-            elif kind == "horizon":
-                vacuum = float(n or 0.0)
-            elif kind == "worker" and not a.endswith(_ONE_SHOT_SUFFIX) and read_at is not None:
-                alive = at >= read_at - timedelta(seconds=WORKER_UP_SECONDS)
-                up.add_metric([a], 1.0 if alive else 0.0)
-        for queue in sorted(queues):
-            for state in STATES:
-                by_state.add_metric([state, queue], counts.get((state, queue), 0.0))
-            since = ready_since.get(queue)
-            age = 0.0 if since is None else (self.app.clock() - since).total_seconds()
-            oldest.add_metric([queue], max(age, 0.0))
-        for task_state, number in task_states.items():
-            tasks.add_metric([task_state], number)
+        for shard, found in every or [(None, [])]:
+            counts: dict[tuple[str, str], float] = {}
+            queues = set(self.app.worker_settings.queues)
+            ready_since: dict[str, datetime] = {}
+            task_states = {"enabled": 0, "disabled": 0}
+            shard_dead: dict[str, int] = {}
+            for kind, a, b, n, at in found:
+                if kind == "jobs":
+                    counts[a, b] = n
+                    queues.add(b)
+                    if at is not None:
+                        ready_since[b] = min(at, ready_since.get(b, at))
+                elif kind == "task":
+                    task_states[b] += 1
+                    failures.add_metric(_labels([a], shard), n)
+                    if at is not None:
+                        success.add_metric(_labels([a], shard), at.timestamp())
+                elif kind == "dead":
+                    shard_dead[a] = int(n)
+                elif kind == "horizon":  # the server's: the same in every shard's read
+                    vacuum = float(n or 0.0)
+                elif kind == "worker" and not a.endswith(_ONE_SHOT_SUFFIX) and read_at is not None:
+                    alive = at >= read_at - timedelta(seconds=WORKER_UP_SECONDS)
+                    up.add_metric(_labels([a], shard), 1.0 if alive else 0.0)
+            dead.append((shard, shard_dead))
+            for queue in sorted(queues):
+                for state in STATES:
+                    by_state.add_metric(
+                        _labels([state, queue], shard), counts.get((state, queue), 0.0)
+                    )
+                since = ready_since.get(queue)
+                age = 0.0 if since is None else (self.app.clock() - since).total_seconds()
+                oldest.add_metric(_labels([queue], shard), max(age, 0.0))
+            for task_state, number in task_states.items():
+                tasks.add_metric(_labels([task_state], shard), number)
         yield from (by_state, oldest, tasks, success, failures, up)
         if self._limits:
             yield from _limit_metrics(self._limits)

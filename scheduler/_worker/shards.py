@@ -52,6 +52,22 @@ class ShardedWorker:
         ]
         self.started = threading.Event()
         self._signals = 0
+        if serve_metrics and app.metrics_settings.port:
+            self._share_metrics(app)
+
+    def _share_metrics(self, app: Host) -> None:
+        """One set of metrics for the process (``[metrics] port``): the app's, whose gauges
+        read every shard (a ``shard`` label); every shard's worker counts its ticks and runs
+        in it, the first one serves it."""
+        try:
+            from .._observe.metrics import metrics_for
+        except ImportError:  # the first worker's start says so, naming the key
+            return
+        shared = metrics_for(app)
+        for shard in app.shards:
+            setattr(shard, "_metrics", shared)  # noqa: B010 - metrics_for's cache on each shard
+        for worker in self.workers[1:]:
+            worker._telemetry.metrics = shared
 
     def run(self, *, once: bool = False, install_signals: bool = False) -> WorkerResult:
         """Run every shard's worker until stopped (``once``: one round each); the runs and the

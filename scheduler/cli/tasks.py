@@ -90,7 +90,8 @@ def status(state: State, as_json: bool) -> None:
     Past 200 tasks: their counts, and at most 50 that need attention (failing, disabled,
     overdue, held back); --json lists every task (streamed). Also lists the ready jobs whose
     handler no live worker runs, by handler (in --json: health.unserved, [{"handler": ...,
-    "ready": N}]).
+    "ready": N}]). With [database] shards above 1, reads every shard and merges them (in
+    --json also health.shards: each shard's job counts and last tick).
     """
     app = state.open()
     if as_json:

@@ -6,7 +6,7 @@ job audited as the single action audits it (same action, actor and reason)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from starlette.requests import Request
@@ -18,6 +18,9 @@ from .._model.rules import ABORTED, QUEUED
 from .._store.status import present as _present
 from ._actions import endpoint, logged
 from ._state import Dashboard, page
+
+if TYPE_CHECKING:
+    from .._app import Scheduler
 
 BULK_LIMIT = 1000
 BULK_CHUNK = 100
@@ -36,19 +39,32 @@ def _selected(
     """The jobs the action would change: in its state, matching the filter (a filter on
     another state selects none), none newer than ``upto``, newest first, at most one more
     than the cap."""
+    return [job_id for job_id, _shard in _matching(dash, action, filters, upto)]
+
+
+def _matching(
+    dash: Dashboard, action: str, filters: dict[str, str], upto: int | None = None
+) -> list[tuple[int, int]]:
+    """:func:`_selected`'s jobs, each with the index of the shard that holds it."""
     state = BULK_STATES[action]
     if filters["state"] and filters["state"] != state:
         return []
-    with dash.app.store.read() as conn:
-        return _present.matching_ids(
-            conn,
-            state=state,
-            task=filters["task"],
-            handler=filters["handler"],
-            queue=filters["queue"],
-            upto=upto,
-            limit=BULK_LIMIT + 1,
-        )
+    found: list[tuple[int, int]] = []
+    for index, shard in enumerate(dash.app.shards):  # [database] shards: every shard's
+        with shard.store.read() as conn:
+            found.extend(
+                (job_id, index)
+                for job_id in _present.matching_ids(
+                    conn,
+                    state=state,
+                    task=filters["task"],
+                    handler=filters["handler"],
+                    queue=filters["queue"],
+                    upto=upto,
+                    limit=BULK_LIMIT + 1,
+                )
+            )
+    return sorted(found, reverse=True)[: BULK_LIMIT + 1]
 
 
 def _described(action: str, filters: dict[str, str]) -> str:
@@ -96,18 +112,20 @@ def bulk(dash: Dashboard, request: Request, session: dict[str, Any], reason: str
     upto = str(form.get("upto") or "")
     if not upto.isdigit():
         return "Refused: the confirmation is missing: start again from the Jobs page."
-    ids = _selected(dash, action, filters, int(upto))[:BULK_LIMIT]
-    change = dash.app.retry_job if action == "retry" else dash.app.cancel_job
+    chosen = _matching(dash, action, filters, int(upto))[:BULK_LIMIT]
+    ids = [job_id for job_id, _shard in chosen]
     why = reason or f"bulk {action}: {_described(action, filters)}"[:500]
     done = skipped = 0
-    for start in range(0, len(ids), BULK_CHUNK):
-        with dash.app.store.begin() as conn:  # one transaction per chunk, audits included
-            for job_id in ids[start : start + BULK_CHUNK]:
-                try:
-                    change(job_id, reason=why, actor=session["user"], connection=conn)
-                    done += 1
-                except JobStateError:  # changed since it was selected: left as it is
-                    skipped += 1
+    for shard, held in _by_shard(dash, chosen):
+        change = shard.retry_job if action == "retry" else shard.cancel_job
+        for start in range(0, len(held), BULK_CHUNK):
+            with shard.store.begin() as conn:  # one transaction per chunk, audits included
+                for job_id in held[start : start + BULK_CHUNK]:
+                    try:
+                        change(job_id, reason=why, actor=session["user"], connection=conn)
+                        done += 1
+                    except JobStateError:  # changed since it was selected: left as it is
+                        skipped += 1
     logged(session, f"bulk_{action}", f"{done} job(s)", why)
     verb = "Retried" if action == "retry" else "Cancelled"
     message = f"{verb} {done} job(s)"
@@ -116,6 +134,15 @@ def bulk(dash: Dashboard, request: Request, session: dict[str, Any], reason: str
     if len(ids) == BULK_LIMIT:
         message += f" (at most {BULK_LIMIT} at a time: run it again for the rest)"
     return message + "."
+
+
+def _by_shard(dash: Dashboard, chosen: list[tuple[int, int]]) -> list[tuple[Scheduler, list[int]]]:
+    """The jobs chosen (newest first) by the shard that holds each: a chunk's transaction is
+    one shard's (with one shard, the app's own)."""
+    held: dict[int, list[int]] = {}
+    for job_id, index in chosen:
+        held.setdefault(index, []).append(job_id)
+    return [(dash.app.shards[index], chosen) for index, chosen in sorted(held.items())]
 
 
 def routes(dash: Dashboard) -> list[Route]:

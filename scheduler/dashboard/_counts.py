@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from .._store.status import counts as _counts
+from .._store.status import shards as _shards
 
 if TYPE_CHECKING:
     from .._app import Scheduler
@@ -87,8 +88,11 @@ class FinishedCounts:
     def _count(self) -> None:
         at, start = self.app.clock(), self._clock()
         try:
-            with self.app.store.read() as conn:
-                counts = _counts.finished_counts(conn)
+            every = []
+            for shard in self.app.shards:  # [database] shards: every shard's, added
+                with shard.store.read() as conn:
+                    every.append(_counts.finished_counts(conn))
+            counts = every[0] if len(every) == 1 else _shards.counts(every)
         except Exception as exc:  # logged; the last counts are shown meanwhile
             log.warning(
                 "dashboard: cannot count the finished jobs: %s",

@@ -12,6 +12,7 @@ from starlette.routing import Route
 from .._model.rules import STATES
 from .._store.jobs import get_job, history
 from .._store.status import dashboard as _queries
+from .._store.status import shards as _shards
 from ._state import Dashboard, page
 
 
@@ -21,15 +22,24 @@ def jobs(dash: Dashboard, request: Request) -> Response:
     if filters["state"] not in STATES:
         filters["state"] = ""
     before = p.get("before", "")
-    with dash.app.store.read() as conn:
-        found = _queries.job_list(
-            conn,
-            state=filters["state"],
-            task=filters["task"],
-            handler=filters["handler"],
-            queue=filters["queue"],
-            before=int(before) if before.isdigit() else None,
-        )
+    pages = []
+    for shard in dash.app.shards:  # [database] shards: each shard's page, merged by id
+        with shard.store.read() as conn:
+            pages.append(
+                _queries.job_list(
+                    conn,
+                    state=filters["state"],
+                    task=filters["task"],
+                    handler=filters["handler"],
+                    queue=filters["queue"],
+                    before=int(before) if before.isdigit() else None,
+                )
+            )
+    found = (
+        pages[0]
+        if len(pages) == 1
+        else _shards.page(pages, "id", _queries.PAGE_SIZE, newest_first=True)
+    )
     query = {k: v for k, v in filters.items() if v}
     return dash.render(
         request,
@@ -47,10 +57,11 @@ def jobs(dash: Dashboard, request: Request) -> Response:
 
 def job(dash: Dashboard, request: Request) -> Response:
     job_id = request.path_params["job_id"]
-    with dash.app.store.read() as conn:
+    shard = dash.app._job_shard(job_id) if dash.app.sharded else dash.app  # the job's shard
+    with shard.store.read() as conn:
         found = get_job(conn, job_id)
         if found is not None:  # a ready job a limit holds back says what it waits for
-            found = dash.app.with_waiting(conn, [found])[0]
+            found = shard.with_waiting(conn, [found])[0]
         runs = history(conn, job_id) if found is not None else []
         zone = _queries.task_timezone(conn, found.task_name) if found is not None else None
     if found is None:

@@ -11,6 +11,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .._store.status import present as _present
+from .._store.status import shards as _shards
 from ._chart import chart
 from ._state import Dashboard, page
 
@@ -20,8 +21,11 @@ CHART_BUCKETS = 24
 
 def running(dash: Dashboard, request: Request) -> Response:
     now = dash.app.clock()
-    with dash.app.store.read() as conn:
-        found = _present.running(conn)
+    every = []
+    for shard in dash.app.shards:  # [database] shards: every shard's, merged
+        with shard.store.read() as conn:
+            every.append(_present.running(conn))
+    found = every[0] if len(every) == 1 else _shards.running(every, _present.RUNNING_LIMIT)
     lease = timedelta(seconds=dash.app.worker_settings.lease_seconds)
     for job in found:
         # A heartbeat (or the claim) sets the lease to end a lease length later: this app's
@@ -44,9 +48,16 @@ def queues(dash: Dashboard, request: Request) -> Response:
     # Whole hours: the last bar is the hour under way, so a bar's bounds stay put between
     # refreshes and only the last one grows.
     end = now.replace(minute=0, second=0, microsecond=0) + CHART_WINDOW / CHART_BUCKETS
-    with dash.app.store.read() as conn:
-        lines = _present.queues(conn, now)
-        buckets = _present.run_history(conn, end, window=CHART_WINDOW, buckets=CHART_BUCKETS)
+    every_lines, every_bars = [], []
+    for shard in dash.app.shards:  # [database] shards: every shard's, added up
+        with shard.store.read() as conn:
+            every_lines.append(_present.queues(conn, now))
+            every_bars.append(
+                _present.run_history(conn, end, window=CHART_WINDOW, buckets=CHART_BUCKETS)
+            )
+    lines, buckets = every_lines[0], every_bars[0]
+    if len(every_lines) > 1:
+        lines, buckets = _shards.queue_lines(every_lines), _shards.buckets(every_bars)
     return dash.render(
         request,
         "queues.html",

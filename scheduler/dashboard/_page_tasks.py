@@ -11,6 +11,7 @@ from starlette.routing import Route
 
 from .._store.rows import SOURCES
 from .._store.status import dashboard as _queries
+from .._store.status import shards as _shards
 from . import _views
 from ._state import Dashboard, page, root_path
 
@@ -26,19 +27,24 @@ def tasks(dash: Dashboard, request: Request) -> Response:
     narrow = {key: p.get(key, "").strip() for key in ("prefix", "group", "tenant", "source")}
     if narrow["source"] not in SOURCES:
         narrow["source"] = ""
-    with app.store.read() as conn:
-        found = _queries.tasks(
-            conn,
-            name=name,
-            state=state,
-            after=p.get("after") or None,
-            now=app.clock(),
-            prefix=narrow["prefix"],
-            group=narrow["group"],
-            tenant=narrow["tenant"],
-            source=narrow["source"],
-        )
-        strips = _queries.strips(conn, [t["name"] for t in found.items])
+    now = app.clock()
+    pages, strips = [], {}
+    for shard in app.shards:  # [database] shards: each shard's page, merged by name
+        with shard.store.read() as conn:
+            one = _queries.tasks(
+                conn,
+                name=name,
+                state=state,
+                after=p.get("after") or None,
+                now=now,
+                prefix=narrow["prefix"],
+                group=narrow["group"],
+                tenant=narrow["tenant"],
+                source=narrow["source"],
+            )
+            strips.update(_queries.strips(conn, [t["name"] for t in one.items]))
+        pages.append(one)
+    found = pages[0] if len(pages) == 1 else _shards.page(pages, "name", _queries.PAGE_SIZE)
     query = {k: v for k, v in (("name", name), ("state", state), *narrow.items()) if v}
     return dash.render(
         request,
@@ -60,7 +66,8 @@ def tasks(dash: Dashboard, request: Request) -> Response:
 
 def task(dash: Dashboard, request: Request) -> Response:
     name = request.path_params["name"]
-    data = _views.task_page(dash.app, name, dash.app.clock())
+    app = dash.app._task_shard(name) if dash.app.sharded else dash.app  # the task's shard
+    data = _views.task_page(app, name, dash.app.clock())
     if data is None:
         return dash.render(request, "missing.html", {"what": f"task {name!r}"}, 404)
     return dash.render(request, "task.html", {**data, "owner": dash.app._owner()})

@@ -62,7 +62,8 @@ class Dashboard:
             if found is None or time.monotonic() - found[0] >= self.settings.refresh_seconds:
                 app = self.app
                 app.check_schema()
-                data = _health.overview(app.store, app.clock(), app.health_settings())
+                stores = [shard.store for shard in app.shards]  # [database] shards: each
+                data = _health.overview(stores, app.clock(), app.health_settings())
                 found = self._status = (time.monotonic(), data)  # fresh from when it ended
             return found[1]
 

@@ -14,9 +14,10 @@ outside a running worker is kept with :func:`record_tick`.
 
 from __future__ import annotations
 
+import heapq
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -37,6 +38,7 @@ from ..engine import Store
 from ..tables import paused_queues, workers
 from . import counts as _counts
 from . import horizon as _horizon
+from . import shards as _shards
 from . import warned as _warned
 from .counts import LIVE
 
@@ -261,6 +263,7 @@ class Facts:
     last_tick: datetime | None
     running: list[Any]  # the workers' own rows seen lately (scheduler_workers rows)
     seen: list[Any]  # every row of scheduler_workers, the hosts' tick records included
+    lagging: list[int] = field(default_factory=list)  # shards not ticked lately (if sharded)
 
     @property
     def limits(self) -> Thresholds:
@@ -360,6 +363,8 @@ def _no_tick(f: Facts) -> list[str]:
     if not f.any_enabled or not (f.last_tick is None or f.older(f.last_tick, f.limits.tick)):
         return []
     since = f"since {iso(f.last_tick)}" if f.last_tick else "yet"
+    if f.lagging:  # sharded: the shards behind
+        since += f" in shard(s) {', '.join(str(k) for k in f.lagging)}"
     if f.running:
         return [f"no scheduler tick {since}: are the workers stuck?"]
     if f.last_tick is None:
@@ -426,7 +431,27 @@ returns its lines (none when all is well), appended here; what it needs that :fu
 not read yet becomes a field of :class:`Facts`, read in :func:`_read`'s transaction."""
 
 
-def _read(
+@dataclass(frozen=True)
+class _Found:
+    """What one shard's health read found, before the facts and the warnings are made of it
+    (:func:`_gather`; several shards' are merged by :func:`_merged`)."""
+
+    task_rows: list[TaskRow]
+    backfilled: dict[str, str]
+    counts: dict[str, int]
+    waiting: int
+    overdue: int
+    stopped: int
+    oldest_ready: datetime | None
+    last_finished: datetime | None
+    any_enabled: bool
+    paused: list[Any]
+    warned: _warned.WarnedRows
+    seen: list[Any]
+    unrun: dict[str, int]
+
+
+def _gather(
     store: Store,
     now: datetime,
     settings: HealthSettings,
@@ -435,10 +460,10 @@ def _read(
     limit: int | None,
     finished: bool,
     unserved: bool = False,
-) -> tuple[dict[str, Any], _warned.WarnedRows]:
-    """``status``'s object and the rows that warn, read in one transaction: the row list (only
-    with ``rows``), the job aggregates, the rows that warn (:mod:`.warned`), the workers, and
-    (with ``unserved``, when jobs are ready) the ready jobs no live worker runs."""
+) -> _Found:
+    """One transaction: the row list (only with ``rows``), the job aggregates, the rows that
+    warn (:mod:`.warned`), the workers, and (with ``unserved``, when jobs are ready) the ready
+    jobs no live worker runs."""
     limits = settings.thresholds
     with store.read() as conn:
         task_rows = _rows.all_rows(conn, payloads=False) if rows else []
@@ -454,16 +479,56 @@ def _read(
         seen = list(conn.execute(select(workers).order_by(workers.c.started_at)))
         waiting_jobs = unserved and int(agg.waiting) > 0
         unrun = _unserved(conn, now, seen, limits.worker_gone) if waiting_jobs else {}
-    counts = {state: int(agg._mapping[state]) for state in (STATES if finished else LIVE)}
-    waiting, overdue, stopped = int(agg.waiting), int(agg.overdue), int(agg.stopped)
-    oldest_ready, last_finished = agg.oldest_ready, agg.last_finished
+    return _Found(
+        task_rows=task_rows,
+        backfilled=backfilled,
+        counts={state: int(agg._mapping[state]) for state in (STATES if finished else LIVE)},
+        waiting=int(agg.waiting),
+        overdue=int(agg.overdue),
+        stopped=int(agg.stopped),
+        oldest_ready=agg.oldest_ready,
+        last_finished=agg.last_finished,
+        any_enabled=agg.any_enabled is not None,
+        paused=paused,
+        warned=warned,
+        seen=seen,
+        unrun=unrun,
+    )
+
+
+def _read(
+    stores: Sequence[Store],
+    now: datetime,
+    settings: HealthSettings,
+    *,
+    rows: bool,
+    limit: int | None,
+    finished: bool,
+    unserved: bool = False,
+) -> tuple[dict[str, Any], _warned.WarnedRows]:
+    """``status``'s object and the rows that warn: each store's :func:`_gather` (one
+    transaction each), merged when there are several (the shards, :mod:`.shards`)."""
+    found = [
+        _gather(store, now, settings, rows=rows, limit=limit, finished=finished, unserved=unserved)
+        for store in stores
+    ]
+    one = found[0] if len(found) == 1 else _shards.merged(found, limit)
+    limits = settings.thresholds
+    waiting, overdue, stopped = one.waiting, one.overdue, one.stopped
+    oldest_ready, last_finished = one.oldest_ready, one.last_finished
     stall_at = now - timedelta(seconds=limits.stalled)
     stalled = bool(
         oldest_ready is not None
         and oldest_ready <= stall_at
         and (last_finished is None or last_finished <= stall_at)
     )
+    seen = one.seen
     ticks = [w.last_tick_at for w in seen if w.last_tick_at is not None]
+    last_tick = max(ticks) if ticks else None
+    lagging: list[int] = []
+    if len(found) > 1:  # every shard ticked since the oldest of their latest ticks
+        last_tick, lagging = _shards.last_tick(found, now, limits.tick)
+    warned = one.warned
     facts = Facts(
         now=now,
         settings=settings,
@@ -472,10 +537,11 @@ def _read(
         stopped=stopped,
         stalled=stalled,
         warned=warned,
-        any_enabled=agg.any_enabled is not None,
-        last_tick=max(ticks) if ticks else None,
+        any_enabled=one.any_enabled,
+        last_tick=last_tick,
         running=[],
         seen=seen,
+        lagging=lagging,
     )
     facts.running.extend(  # workers' own rows, seen lately: not the hosts' tick records
         w
@@ -483,14 +549,15 @@ def _read(
         if not w.id.endswith(TICK_SUFFIX) and not facts.older(w.last_seen_at, limits.worker_gone)
     )
     warnings = [line for warning in WARNINGS for line in warning(facts)]
+    store = stores[0]  # the shards share the database, its server and its broker
     warnings.extend(
         _wakeup.status_warnings(
             store.engine.dialect.name, store.database, settings.broker_url, settings.wakeups
         )
     )
-    data = {
-        "rows": [_row(r, backfilled.get(r.name)) for r in task_rows],
-        "jobs": counts,
+    data: dict[str, Any] = {
+        "rows": [_row(r, one.backfilled.get(r.name)) for r in one.task_rows],
+        "jobs": one.counts,
         "health": {
             "waiting": waiting,
             "stopped": stopped,
@@ -504,8 +571,8 @@ def _read(
             "rows_disabled": warned.names("disabled"),
             "last_tick_at": iso(facts.last_tick),
             "last_finished_at": iso(last_finished),
-            "unserved": [{"handler": name, "ready": count} for name, count in unrun.items()],
-            "paused_queues": [p.as_dict() for p in paused],
+            "unserved": [{"handler": name, "ready": count} for name, count in one.unrun.items()],
+            "paused_queues": [p.as_dict() for p in one.paused],
             "workers": [
                 {
                     "id": w.id,
@@ -520,11 +587,13 @@ def _read(
             ],
         },
     }
+    if len(found) > 1:
+        data["health"]["shards"] = _shards.breakdown(found)
     return data, warned
 
 
 def status(
-    store: Store,
+    store: Store | Sequence[Store],
     now: datetime,
     settings: HealthSettings | None = None,
     *,
@@ -532,20 +601,36 @@ def status(
 ) -> dict[str, Any]:
     """The object ``scheduler status --json`` prints, every count exact and every name listed
     (``Scheduler.status()`` checks the schema first). Without ``rows`` its ``rows`` list is
-    empty."""
+    empty. Given several stores (the shards), it reads each and merges (:mod:`.shards`)."""
+    stores = _stores(store)
     settings = settings or HealthSettings()
-    data = _read(store, now, settings, rows=rows, limit=None, finished=True, unserved=True)[0]
-    data["health"]["warnings"].extend(_horizon_warnings(store, settings.thresholds))
+    data = _read(stores, now, settings, rows=rows, limit=None, finished=True, unserved=True)[0]
+    data["health"]["warnings"].extend(_horizon_warnings(stores[0], settings.thresholds))
     return data
+
+
+def _stores(store: Store | Sequence[Store]) -> Sequence[Store]:
+    """One store, or the shards' (in shard order)."""
+    return (store,) if isinstance(store, Store) else store
 
 
 STATUS_PAGE = 1_000
 """Rows per read when ``status --json`` walks every row (:func:`status_rows`)."""
 
 
-def status_rows(store: Store, page: int = STATUS_PAGE) -> Iterator[dict[str, Any]]:
+def status_rows(
+    store: Store | Sequence[Store], page: int = STATUS_PAGE
+) -> Iterator[dict[str, Any]]:
     """``status``'s ``rows`` list, one row at a time, in flat memory: pages of ``page`` rows
-    by name (each read through the name's index from the last name of the previous one)."""
+    by name (each read through the name's index from the last name of the previous one).
+    Several stores (the shards): each walked so, merged by name (a page of each in memory)."""
+    stores = _stores(store)
+    if len(stores) > 1:
+        return heapq.merge(*(_walk(s, page) for s in stores), key=lambda row: row["name"])
+    return _walk(stores[0], page)
+
+
+def _walk(store: Store, page: int) -> Iterator[dict[str, Any]]:
     after: str | None = None
     while True:
         with store.read() as conn:
@@ -564,20 +649,28 @@ ATTENTION = ("failing", "disabled_by_failures", "disabled", "overdue", "held_bac
 
 
 def summary(
-    store: Store, now: datetime, settings: HealthSettings | None = None, *, limit: int = 50
+    store: Store | Sequence[Store],
+    now: datetime,
+    settings: HealthSettings | None = None,
+    *,
+    limit: int = 50,
 ) -> dict[str, Any] | None:
     """``status`` past :data:`SUMMARY_ABOVE` rows (None at that many or fewer): its object
     without ``rows``, plus ``rows_total``, ``rows_enabled``, ``rows_counted`` (the rows of
     each kind of :data:`ATTENTION`) and ``attention``: at most ``limit`` rows that need it,
     each ``{"name", "kind"}``, a row once (its first kind); ``attention_more`` if there are
-    more than those."""
-    with store.read() as conn:
-        total, enabled = _rows.counted(conn)
+    more than those. Several stores (the shards): the rows of all, counted and merged."""
+    stores = _stores(store)
+    total = enabled = 0
+    for one in stores:
+        with one.read() as conn:
+            counted = _rows.counted(conn)
+        total, enabled = total + counted[0], enabled + counted[1]
     if total <= SUMMARY_ABOVE:
         return None
     settings = settings or HealthSettings()
-    data, warned = _read(store, now, settings, rows=False, limit=limit, finished=True)
-    data["health"]["warnings"].extend(_horizon_warnings(store, settings.thresholds))
+    data, warned = _read(stores, now, settings, rows=False, limit=limit, finished=True)
+    data["health"]["warnings"].extend(_horizon_warnings(stores[0], settings.thresholds))
     del data["rows"]
     seen: set[str] = set()
     attention: list[dict[str, str]] = []
@@ -616,7 +709,7 @@ WARNED_LIMIT = 20
 
 
 def overview(
-    store: Store,
+    store: Store | Sequence[Store],
     now: datetime,
     settings: HealthSettings | None = None,
     *,
@@ -626,9 +719,10 @@ def overview(
     :func:`status` without the row list, with the counts of the live states only (the
     finished ones are :func:`finished_counts`, which walks an index entry per finished job),
     and with the first ``limit`` rows of each kind named in its warnings and ``rows_*`` lists
-    ("and N more"); ``rows_counted`` has each kind's total (:data:`.warned.KINDS`)."""
+    ("and N more"); ``rows_counted`` has each kind's total (:data:`.warned.KINDS`). Several
+    stores (the shards): those statements in each, merged."""
     data, warned = _read(
-        store, now, settings or HealthSettings(), rows=False, limit=limit, finished=False
+        _stores(store), now, settings or HealthSettings(), rows=False, limit=limit, finished=False
     )
     del data["rows"]
     del data["health"]["unserved"]  # not read here (the page does not show it)
