@@ -124,7 +124,7 @@ class Node:
             f"port = {self.port}",
             "listen_addresses = '127.0.0.1'",
             f"unix_socket_directories = '{self.cluster.dir}'",
-            "shared_preload_libraries = 'citus'",
+            f"shared_preload_libraries = '{','.join(('citus', *self.cluster.preload))}'",
             "citus.node_conninfo = 'sslmode=disable'",
             "max_prepared_transactions = 100",
             "fsync = off",
@@ -159,8 +159,9 @@ class Node:
 class Cluster:
     """A Citus coordinator and ``workers`` worker nodes (see the module's docstring)."""
 
-    def __init__(self, workers: int = 2) -> None:
+    def __init__(self, workers: int = 2, preload: tuple[str, ...] = ()) -> None:
         found = problem()
+        self.preload = preload  # more shared_preload_libraries, after citus
         if found is not None:
             raise FileNotFoundError(found)
         reap_orphans()

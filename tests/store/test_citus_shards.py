@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -290,3 +291,71 @@ def test_four_tickers_dispatch_each_slot_once_over_the_shards(
     )
     for k in range(SHARDS):
         assert len(jobs[k]) == 3 * steps
+
+
+def lines(directory: Path, prefix: str) -> list[str]:
+    return [
+        line
+        for path in directory.glob(f"{prefix}-*")
+        for line in path.read_text().split("\n")
+        if line
+    ]
+
+
+def wait_for(what: str, check: Any, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_shard_moved_to_the_other_node_under_load_loses_and_doubles_no_job(
+    citus: _citus.Cluster, sharded: tuple[str, Scheduler], tmp_path: Path
+) -> None:
+    url, _ = sharded
+    moved = schema_name(0)
+    tenants = 8  # t0..t7: every shard has some (tenants_per_shard)
+    assert {shard_of(f"t{n}", SHARDS) for n in range(tenants)} == set(range(SHARDS))
+    source = citus.node_of(moved, DATABASE)
+    [target] = [w for w in citus.workers if w.port != source.port]
+    workers = [run_helper("work", url, tmp_path, i, tenants) for i in range(2)]
+    try:
+        wait_for("both workers", lambda: len(list(tmp_path.glob("progress-*"))) == 2)
+        wait_for("jobs run before the move", lambda: len(lines(tmp_path, "ran")) >= 40)
+        before = len(lines(tmp_path, "enqueued"))
+        shard = sql(
+            citus,
+            "SELECT shardid FROM citus_shards"
+            f" WHERE table_name = '{moved}.scheduler_jobs'::regclass",
+        )
+        sql(
+            citus,
+            f"SELECT citus_move_shard_placement({shard}, '127.0.0.1', {source.port},"
+            f" '127.0.0.1', {target.port}, shard_transfer_mode => 'block_writes')",
+        )
+        assert citus.node_of(moved, DATABASE).port == target.port
+        wait_for(
+            "jobs enqueued after the move", lambda: len(lines(tmp_path, "enqueued")) >= before + 80
+        )
+        (tmp_path / "stop").touch()
+        (tmp_path / "drain").touch()
+        finish(workers)
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+    assert lines(tmp_path, "failed") == []
+    enqueued = [int(i) for i in lines(tmp_path, "enqueued")]
+    ran = Counter(int(i) for i in lines(tmp_path, "ran"))
+    assert len(enqueued) == len(set(enqueued))
+    assert [i for i, n in ran.items() if n > 1] == []  # none doubled
+    assert set(ran) == set(enqueued)  # none lost
+    in_moved = [i for i in enqueued if (i - 1) % SHARDS == 0]
+    assert in_moved and max(in_moved) > min(in_moved)
+    states = sql(
+        citus,
+        " UNION ALL ".join(
+            f"SELECT state FROM {schema_name(k)}.scheduler_jobs" for k in range(SHARDS)
+        ),
+    ).split()
+    assert Counter(states) == {"succeeded": len(enqueued)}
