@@ -20,8 +20,9 @@ one thread per shard (``app.shards[k].tick``: each shard is ticked by its own wo
 Per node, over each phase: statements (``pg_stat_statements`` calls in the database: on the
 coordinator the scheduler's own, on a worker node the commands Citus sent it), transactions
 (``pg_stat_database.xact_commit``), and CPU seconds of the node's processes (its postmaster's
-children, live and reaped, from ``/proc``); the coordinator's client connections and its
-connections to the workers during the drain.
+children, live and reaped, from ``/proc``), and the clients' CPU seconds (the worker processes
+and this script's threads: the enqueue and the polls, the tick); the coordinator's client
+connections and its connections to the workers during the drain.
 
     python benchmarks/shards.py                     # 4,000 jobs, 2,000 tasks
     python benchmarks/shards.py --jobs 10000 --tasks 5000
@@ -101,6 +102,12 @@ def cpu_seconds(node: _citus.Node) -> float:
         elif ppid == master:
             total += int(fields[11]) + int(fields[12])
     return total / ticks
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process `pid` so far, its threads included."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -251,6 +258,7 @@ def drain(
         app = Scheduler(layout.url, shards=layout.shards, registry=Registry())
         app.handler("noop")(lambda job: None)
         before = reset(cluster, layout.database)
+        clients = sum(process_cpu(p.pid) for p, _ in processes) + time.process_time()
         started = time.monotonic()
         for start in range(0, args.jobs, 500):
             chunk = range(start, min(args.jobs, start + 500))
@@ -267,7 +275,9 @@ def drain(
                     seen = connections(cluster, layout)
                 time.sleep(0.2)
         took = time.monotonic() - started
+        clients = sum(process_cpu(p.pid) for p, _ in processes) + time.process_time() - clients
         used = delta(before, sample(cluster, layout.database))
+        used["clients"] = Sample(0, 0, clients)
         polls.dispose()
         app.close()
     finally:
@@ -309,13 +319,16 @@ def tick(cluster: _citus.Cluster, layout: Layout, args: argparse.Namespace) -> d
 
         threads = [threading.Thread(target=run, args=(k,)) for k in range(len(app.shards))]
         before = reset(cluster, layout.database)
+        client = time.process_time()
         started = time.monotonic()
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
         took = time.monotonic() - started
+        client = time.process_time() - client
         used = delta(before, sample(cluster, layout.database))
+        used["clients"] = Sample(0, 0, client)
         assert sum(dispatched) == args.tasks, (dispatched, args.tasks)
         if not best or took < best["took"]:
             best = {"took": took, "used": used}
@@ -327,6 +340,12 @@ def tick(cluster: _citus.Cluster, layout: Layout, args: argparse.Namespace) -> d
 def per_node(used: dict[str, Sample], count: int, what: str) -> list[str]:
     out = []
     for name, s in used.items():
+        if name == "clients":
+            out.append(
+                f"    {name:<12} {'':>37}  {s.cpu * 1e6 / count:7.0f} µs CPU/{what}"
+                f"  ({s.cpu:.2f} s CPU in all)"
+            )
+            continue
         out.append(
             f"    {name:<12} {s.statements / count:6.2f} statements/{what}"
             f"  {s.commits / count:5.2f} commits/{what}"
