@@ -127,6 +127,7 @@ class Node:
             f"shared_preload_libraries = '{','.join(('citus', *self.cluster.preload))}'",
             "citus.node_conninfo = 'sslmode=disable'",
             "max_prepared_transactions = 100",
+            "wal_level = logical",  # a shard moved while it is written (citus_move_shard_placement)
             "fsync = off",
             "synchronous_commit = off",
             "full_page_writes = off",

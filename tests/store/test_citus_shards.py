@@ -309,9 +309,13 @@ def wait_for(what: str, check: Any, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.parametrize("mode", ["force_logical", "block_writes"])
 def test_a_shard_moved_to_the_other_node_under_load_loses_and_doubles_no_job(
-    citus: _citus.Cluster, sharded: tuple[str, Scheduler], tmp_path: Path
+    citus: _citus.Cluster, sharded: tuple[str, Scheduler], tmp_path: Path, mode: str
 ) -> None:
+    """``force_logical``: the tables are copied while they are written, then logical
+    replication catches up and the writes wait only for the switch; ``block_writes``: the
+    shard's writes wait for the whole copy."""
     url, _ = sharded
     moved = schema_name(0)
     tenants = 8  # t0..t7: every shard has some (tenants_per_shard)
@@ -331,7 +335,7 @@ def test_a_shard_moved_to_the_other_node_under_load_loses_and_doubles_no_job(
         sql(
             citus,
             f"SELECT citus_move_shard_placement({shard}, '127.0.0.1', {source.port},"
-            f" '127.0.0.1', {target.port}, shard_transfer_mode => 'block_writes')",
+            f" '127.0.0.1', {target.port}, shard_transfer_mode => '{mode}')",
         )
         assert citus.node_of(moved, DATABASE).port == target.port
         wait_for(
