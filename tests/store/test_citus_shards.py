@@ -23,6 +23,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -163,14 +164,12 @@ def test_every_statement_kind_in_each_shard_goes_to_its_node_without_two_phase_c
                 for job in jobs:
                     assert runner.run(job) == "succeeded"
             assert_router(outcome, nodes[k], f"shard {k}: outcome")
-        with_ticks = [remote[k].during() for k in range(SHARDS)]
-        ticks = [w.__enter__() for w in with_ticks]
-        assert sorted(app.tick(now=T0 + timedelta(days=1)).dispatched) == [
-            f"nightly-{k}" for k in range(SHARDS)
-        ]
-        assert app.tick(now=T0 + timedelta(days=1, seconds=1)).dispatched == []
-        for w in with_ticks:
-            w.__exit__(None, None, None)
+        with ExitStack() as during:
+            ticks = [during.enter_context(remote[k].during()) for k in range(SHARDS)]
+            assert sorted(app.tick(now=T0 + timedelta(days=1)).dispatched) == [
+                f"nightly-{k}" for k in range(SHARDS)
+            ]
+            assert app.tick(now=T0 + timedelta(days=1, seconds=1)).dispatched == []
         for k in range(SHARDS):
             assert_router(ticks[k], nodes[k], f"shard {k}: tick")
         for sent in central.sent:  # the facade's own reads touch the coordinator's catalog only
