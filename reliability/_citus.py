@@ -124,9 +124,10 @@ class Node:
             f"port = {self.port}",
             "listen_addresses = '127.0.0.1'",
             f"unix_socket_directories = '{self.cluster.dir}'",
-            "shared_preload_libraries = 'citus'",
+            f"shared_preload_libraries = '{','.join(('citus', *self.cluster.preload))}'",
             "citus.node_conninfo = 'sslmode=disable'",
             "max_prepared_transactions = 100",
+            "wal_level = logical",  # a shard moved while it is written (citus_move_shard_placement)
             "fsync = off",
             "synchronous_commit = off",
             "full_page_writes = off",
@@ -159,8 +160,9 @@ class Node:
 class Cluster:
     """A Citus coordinator and ``workers`` worker nodes (see the module's docstring)."""
 
-    def __init__(self, workers: int = 2) -> None:
+    def __init__(self, workers: int = 2, preload: tuple[str, ...] = ()) -> None:
         found = problem()
+        self.preload = preload  # more shared_preload_libraries, after citus
         if found is not None:
             raise FileNotFoundError(found)
         reap_orphans()
@@ -216,10 +218,31 @@ class Cluster:
             f"SET citus.enable_schema_based_sharding TO on; CREATE SCHEMA IF NOT EXISTS {schema}"
         )
 
-    def node_of(self, schema: str) -> Node:
+    def create_database(self, name: str, *, schema_sharding: bool = True) -> str:
+        """Create the database `name` on every node, with Citus and the cluster's nodes in it
+        (Citus keeps its metadata per database: a database is a cluster of its own), and with
+        ``schema_sharding`` ``citus.enable_schema_based_sharding`` on for its sessions
+        (``ALTER DATABASE``: a ``CREATE SCHEMA`` there makes a distributed schema). Its URL on
+        the coordinator."""
+        for node in self.nodes:
+            node.sql(f"CREATE DATABASE {name}", "postgres")
+            node.sql("CREATE EXTENSION citus", name)
+        coordinator = self.coordinator
+        coordinator.sql(f"SELECT citus_set_coordinator_host('127.0.0.1', {coordinator.port})", name)
+        for worker in self.workers:
+            coordinator.sql(f"SELECT citus_add_node('127.0.0.1', {worker.port})", name)
+        if schema_sharding:
+            coordinator.sql(
+                f"ALTER DATABASE {name} SET citus.enable_schema_based_sharding TO on", name
+            )
+        return coordinator.url(name)
+
+    def node_of(self, schema: str, database: str = DATABASE) -> Node:
         """The worker node that holds ``schema``'s tables (a distributed schema with tables)."""
         port = self.coordinator.sql(
-            f"SELECT DISTINCT nodeport FROM citus_shards WHERE table_name::text LIKE '{schema}.%'"
+            "SELECT DISTINCT nodeport FROM citus_shards"
+            f" WHERE split_part(table_name::text, '.', 1) = '{schema}'",
+            database,
         )
         for node in self.nodes:
             if str(node.port) == port:

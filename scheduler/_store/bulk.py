@@ -7,6 +7,9 @@ would apply): 10,000 jobs share a handful of instants, queues and payloads.
 - PostgreSQL: ``INSERT … SELECT … FROM unnest(%s::type[], …) WITH ORDINALITY ORDER BY
   ordinality RETURNING id``: one parameter per column, whatever the row count (a multi-row
   ``VALUES`` list of 10,000 rows costs the driver more to parse than the server to insert).
+  Not on Citus: there an ``INSERT … SELECT`` into a distributed table goes through an
+  intermediate result copied to the worker node, and that makes its transaction commit in two
+  phases (``PREPARE TRANSACTION``); the multi-row ``VALUES`` form below is one router statement.
 - SQLite and MariaDB 10.5+: a multi-row ``INSERT … VALUES … RETURNING id``.
 - MySQL (no ``RETURNING``): a multi-row ``INSERT`` whose ids are ``LAST_INSERT_ID()`` on,
   consecutive when ``innodb_autoinc_lock_mode`` is 0 or 1 (MySQL's documented guarantee for
@@ -98,9 +101,12 @@ _HOLDERS = select(jobs.c.id, jobs.c.dedupe_key).where(
 )
 
 
-def insert_many(conn: Connection, items: Sequence[dict[str, Any]]) -> list[int]:
+def insert_many(
+    conn: Connection, items: Sequence[dict[str, Any]], *, citus: bool = False
+) -> list[int]:
     """The ids of ``items`` (job values, as ``jobs.new_job_values`` makes them), inserted on
-    ``conn`` in its transaction; see the module's docstring."""
+    ``conn`` in its transaction (``citus``: the database has Citus); see the module's
+    docstring."""
     ids: list[int | None] = [None] * len(items)
     first: dict[str, int] = {}  # dedupe key -> index of the first item that has it
     plain: list[int] = []
@@ -110,7 +116,7 @@ def insert_many(conn: Connection, items: Sequence[dict[str, Any]]) -> list[int]:
             plain.append(index)
         else:
             first.setdefault(key, index)
-    writer = _Writer(conn)
+    writer = _Writer(conn, citus=citus)
     for chunk in writer.chunks([_row(items[i]) for i in plain]):
         for index, job_id in zip(
             plain[chunk.start : chunk.stop], writer.insert(chunk.rows), strict=True
@@ -173,14 +179,16 @@ _PLACEHOLDER = {"qmark": "?", "format": "%s", "pyformat": "%s"}
 class _Writer:
     """The SQL of one connection's dialect, and its values' conversions."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, *, citus: bool = False) -> None:
         self.conn = conn
         dialect = conn.dialect
         self.dialect = dialect
         self.family = "mysql" if dialect.name in ("mysql", "mariadb") else dialect.name
         self.placeholder = _PLACEHOLDER.get(dialect.paramstyle)
         self.returning = bool(dialect.insert_returning)
-        if self.family == "postgresql" and self.placeholder == "%s":
+        # PostgreSQL's arrays (unnest), but on Citus (see the module's docstring)
+        self.arrays = self.family == "postgresql" and self.placeholder == "%s" and not citus
+        if self.arrays:
             self.rows_per_chunk = PG_CHUNK
         elif self.family == "sqlite":  # its limit on parameters in one statement
             most = 32_766 if sqlite3.sqlite_version_info >= (3, 32) else 999
@@ -223,7 +231,7 @@ class _Writer:
             else ""
         )
         returning = " RETURNING id, dedupe_key" if self.returning else ""
-        if self.family == "postgresql" and self.placeholder == "%s":
+        if self.arrays:
             names = ", ".join(f"c{i}" for i in range(len(COLUMNS)))
             # psycopg 3 sends the arrays in binary (%b): no text quoting of 10,000 values
             mark = "%b" if self.dialect.driver == "psycopg" else "%s"
@@ -243,7 +251,7 @@ class _Writer:
     def _execute(self, rows: list[tuple[Any, ...]], keyed: bool) -> list[tuple[int, str | None]]:
         columns = self._columns(rows)
         sql = self._sql(len(rows), keyed)
-        if self.family == "postgresql" and self.placeholder == "%s":
+        if self.arrays:
             params: tuple[Any, ...] = tuple(list(column) for column in columns)
         else:
             params = tuple(chain.from_iterable(zip(*columns, strict=True)))

@@ -297,7 +297,7 @@ def enqueue_many_on(store: Store, conn: Connection, items: Sequence[dict[str, An
     their ids in ``items``' order (for a dedupe key: the active job's, also when an earlier
     item of ``items`` has the same key), and announces them to the workers (one wake-up for
     the whole call, at commit). The one place jobs are written in bulk."""
-    ids = _bulk.insert_many(conn, items)
+    ids = _bulk.insert_many(conn, items, citus=store.caps.citus)
     _wakeup.announce(store, conn, [(item["queue"], item["run_at"]) for item in items])
     return ids
 

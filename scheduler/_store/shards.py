@@ -160,12 +160,24 @@ def next_id(last: int, index: int, count: int) -> int:
 def start_sequences(conn: Connection, index: int, count: int, floor: int = 0) -> None:
     """Make shard `index`'s sequences give its own ids among `count` shards: from the first
     such id after both their last value and `floor` (a reshard's: the largest id any shard
-    holds), by steps of `count` (run by ``migrate`` in the shard, after its tables)."""
+    holds), by steps of `count` (run by ``migrate`` in the shard, after its tables).
+
+    On Citus a distributed schema's sequences cannot be altered ("Altering a distributed
+    sequence is currently not supported"): the step is changed on the coordinator alone
+    (``citus.enable_ddl_propagation`` off for the transaction), which is where Citus takes
+    ``nextval`` for every statement sent through it (each worker node's copy of the sequence
+    keeps its own range, for inserts made on that node directly; the scheduler makes none)."""
+    citus: bool | None = None
     for sequence, last, step in conn.execute(_SEQUENCES).all():
         last = max(int(last), floor)
         if int(step) == count and floor == 0 and (last == 0 or (last - 1) % count == index):
             continue  # there already
-        conn.execute(text(f"ALTER SEQUENCE {sequence} INCREMENT BY {count}"))
+        if int(step) != count:
+            if citus is None:
+                citus = bool(conn.execute(text(_CITUS)).scalar())
+                if citus:
+                    conn.execute(text("SET LOCAL citus.enable_ddl_propagation TO off"))
+            conn.execute(text(f"ALTER SEQUENCE {sequence} INCREMENT BY {count}"))
         conn.execute(
             text("SELECT setval(:seq, :value, false)"),
             {"seq": sequence, "value": next_id(last, index, count)},

@@ -56,6 +56,32 @@ def url() -> str:
     return cluster().url(SCHEMA)
 
 
+SHARDS_DATABASE = "scheduler_shards"
+"""The cluster's database for the tests of ``[database] shards`` on Citus (schema-based
+sharding on in it: the shard schemas ``migrate`` creates are distributed schemas)."""
+
+_shards_made: list[str] = []
+
+
+def shards_url() -> str:
+    """The coordinator's URL of :data:`SHARDS_DATABASE`: created on first use (on every node,
+    about a second), then emptied of the shard schemas before each use (what a database is
+    before ``scheduler migrate``)."""
+    made = cluster()
+    if not _shards_made:
+        _shards_made.append(made.create_database(SHARDS_DATABASE))
+        return _shards_made[0]
+    schemas = made.coordinator.sql(
+        "SELECT string_agg(nspname, ',') FROM pg_namespace"
+        " WHERE nspname LIKE 'scheduler\\_shard\\_%'",
+        SHARDS_DATABASE,
+    )
+    if schemas:
+        made.coordinator.sql(f"DROP SCHEMA {schemas} CASCADE", SHARDS_DATABASE)
+    return _shards_made[0]
+
+
 def stop() -> None:
+    _shards_made.clear()
     while _started:
         _started.pop().stop()
