@@ -544,7 +544,7 @@ class Scheduler:
             if self.sharded:
                 found, base = _shards.layout(conn)
             else:  # one read: only shard schemas would not fit
-                found, base = _shards.found_shards(conn), True
+                found, base = _shards.found_shards(conn, but_own=True), True
         problem = _shards.layout_error(found, len(self.shards), base)
         if problem is not None:
             where = f"database {self.database_name} ({self.database_source})"

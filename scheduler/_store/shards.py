@@ -31,11 +31,9 @@ SCHEMA_PREFIX = "scheduler_shard_"
 
 CITUS_SETTING = "citus.enable_schema_based_sharding"
 
-# The connection's own schema is not one of the shards: a scheduler of one shard may keep its
-# tables in a schema of that name (``search_path``), as the tests' Citus cluster does.
 _FOUND = text(
-    "SELECT nspname FROM pg_namespace WHERE nspname LIKE :prefix"
-    " AND nspname <> current_schema() ORDER BY nspname"
+    "SELECT nspname, nspname = current_schema() FROM pg_namespace WHERE nspname LIKE :prefix"
+    " ORDER BY nspname"
 ).bindparams(prefix=SCHEMA_PREFIX.replace("_", r"\_") + "%")
 
 
@@ -92,11 +90,14 @@ def _without_search_path(options: str) -> list[str]:
     return kept
 
 
-def found_shards(conn: Connection) -> list[int]:
-    """The indexes of the shard schemas the database holds (any, migrated or not), but the
-    connection's own schema."""
+def found_shards(conn: Connection, but_own: bool = False) -> list[int]:
+    """The indexes of the shard schemas the database holds (any, migrated or not); with
+    `but_own`, not the connection's own schema (a scheduler of one shard may keep its tables
+    in a schema of that name, by its ``search_path``, as the tests' Citus cluster does)."""
     found: list[int] = []
-    for name in conn.execute(_FOUND).scalars():
+    for name, own in conn.execute(_FOUND).all():
+        if own and but_own:
+            continue
         suffix = str(name)[len(SCHEMA_PREFIX) :]
         if suffix.isdigit() and str(int(suffix)) == suffix:
             found.append(int(suffix))

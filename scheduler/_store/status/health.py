@@ -431,26 +431,6 @@ returns its lines (none when all is well), appended here; what it needs that :fu
 not read yet becomes a field of :class:`Facts`, read in :func:`_read`'s transaction."""
 
 
-@dataclass(frozen=True)
-class _Found:
-    """What one shard's health read found, before the facts and the warnings are made of it
-    (:func:`_gather`; several shards' are merged by :func:`_merged`)."""
-
-    task_rows: list[TaskRow]
-    backfilled: dict[str, str]
-    counts: dict[str, int]
-    waiting: int
-    overdue: int
-    stopped: int
-    oldest_ready: datetime | None
-    last_finished: datetime | None
-    any_enabled: bool
-    paused: list[Any]
-    warned: _warned.WarnedRows
-    seen: list[Any]
-    unrun: dict[str, int]
-
-
 def _gather(
     store: Store,
     now: datetime,
@@ -460,7 +440,7 @@ def _gather(
     limit: int | None,
     finished: bool,
     unserved: bool = False,
-) -> _Found:
+) -> _shards.Found:
     """One transaction: the row list (only with ``rows``), the job aggregates, the rows that
     warn (:mod:`.warned`), the workers, and (with ``unserved``, when jobs are ready) the ready
     jobs no live worker runs."""
@@ -479,7 +459,7 @@ def _gather(
         seen = list(conn.execute(select(workers).order_by(workers.c.started_at)))
         waiting_jobs = unserved and int(agg.waiting) > 0
         unrun = _unserved(conn, now, seen, limits.worker_gone) if waiting_jobs else {}
-    return _Found(
+    return _shards.Found(
         task_rows=task_rows,
         backfilled=backfilled,
         counts={state: int(agg._mapping[state]) for state in (STATES if finished else LIVE)},

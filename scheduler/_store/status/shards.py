@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from ..._model.rows import TaskRow
 from ..._model.time import iso
 from .dashboard import Page
 from .present import Bucket, QueueCounts
@@ -27,7 +28,25 @@ from .warned import KINDS, WarnedRows
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from .health import _Found
+
+@dataclass(frozen=True)
+class Found:
+    """What one shard's health read found, before the facts and the warnings are made of it
+    (:func:`health._gather`; several shards' are merged by :func:`merged`)."""
+
+    task_rows: list[TaskRow]
+    backfilled: dict[str, str]
+    counts: dict[str, int]
+    waiting: int
+    overdue: int
+    stopped: int
+    oldest_ready: datetime | None
+    last_finished: datetime | None
+    any_enabled: bool
+    paused: list[Any]
+    warned: WarnedRows
+    seen: list[Any]
+    unrun: dict[str, int]
 
 
 @dataclass(frozen=True)
@@ -46,7 +65,7 @@ class SeenWorker:
     handlers: str | None
 
 
-def workers(found: Sequence[_Found]) -> list[SeenWorker]:
+def workers(found: Sequence[Found]) -> list[SeenWorker]:
     """Every shard's presence rows, one per worker id, by when they started."""
     by_id: dict[str, SeenWorker] = {}
     for shard in found:
@@ -82,7 +101,7 @@ def workers(found: Sequence[_Found]) -> list[SeenWorker]:
     return sorted(by_id.values(), key=lambda w: (w.started_at, w.id))
 
 
-def warned(found: Sequence[_Found], limit: int | None) -> WarnedRows:
+def warned(found: Sequence[Found], limit: int | None) -> WarnedRows:
     """The rows of each kind of every shard, by name, the first ``limit`` of them; totals
     added."""
     rows: dict[str, list[Any]] = {}
@@ -94,9 +113,8 @@ def warned(found: Sequence[_Found], limit: int | None) -> WarnedRows:
     return WarnedRows(rows, total)
 
 
-def merged(found: Sequence[_Found], limit: int | None) -> _Found:
+def merged(found: Sequence[Found], limit: int | None) -> Found:
     """One read's worth of every shard's (see the module's docstring)."""
-    from .health import _Found
 
     def least(values: Sequence[datetime | None]) -> datetime | None:
         known = [v for v in values if v is not None]
@@ -111,7 +129,7 @@ def merged(found: Sequence[_Found], limit: int | None) -> _Found:
         for queue in shard.paused:
             paused.setdefault(queue.queue, queue)
     unrun = counts([f.unrun for f in found])
-    return _Found(
+    return Found(
         task_rows=sorted((r for f in found for r in f.task_rows), key=lambda r: r.name),
         backfilled={name: state for f in found for name, state in f.backfilled.items()},
         counts=counts([f.counts for f in found]),
@@ -128,13 +146,13 @@ def merged(found: Sequence[_Found], limit: int | None) -> _Found:
     )
 
 
-def _latest_tick(shard: _Found) -> datetime | None:
+def _latest_tick(shard: Found) -> datetime | None:
     ticks = [w.last_tick_at for w in shard.seen if w.last_tick_at is not None]
     return max(ticks) if ticks else None
 
 
 def last_tick(
-    found: Sequence[_Found], now: datetime, tick_after: float
+    found: Sequence[Found], now: datetime, tick_after: float
 ) -> tuple[datetime | None, list[int]]:
     """The tick every shard has had since (None if a shard never ticked), and the shards
     whose latest tick is older than ``tick_after`` seconds, or missing."""
@@ -146,7 +164,7 @@ def last_tick(
     return min(at for at in latest if at is not None), lagging
 
 
-def breakdown(found: Sequence[_Found]) -> list[dict[str, Any]]:
+def breakdown(found: Sequence[Found]) -> list[dict[str, Any]]:
     """``status``'s ``health.shards``: each shard's own figures, in shard order."""
     return [
         {
