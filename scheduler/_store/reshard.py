@@ -106,12 +106,26 @@ class Reshard:
                 f"the database already has the layout of [database] shards = {self.after}:"
                 " nothing to move"
             )
-        moved = sum(self.moved.values())
-        total = sum(self.rows.values())
+        parts = ", ".join(
+            f"{label} {self.moved.get(name, 0)}/{self.rows.get(name, 0)}"
+            for name, label in LABELS.items()
+        )
+        dropped = f"; dropped: {', '.join(self.dropped)}" if self.dropped else ""
         return (
             f"resharded from {_shards_word(self.before)} to {_shards_word(self.after)}:"
-            f" {moved} of {total} row(s) moved; new ids above {self.id_floor}"
+            f" rows moved to another shard of all: {parts}{dropped}; new ids above"
+            f" {self.id_floor}"
         )
+
+
+LABELS = {
+    rows.name: "tasks",
+    jobs.name: "jobs",
+    runs.name: "runs",
+    decisions.name: "decisions",
+    audit.name: "audit entries",
+    limit_holds.name: "limit holds",
+}
 
 
 def _shards_word(count: int) -> str:
@@ -212,7 +226,9 @@ def reshard(
                     result.moved[name] = result.moved.get(name, 0) + number
             if source.schema not in targets:
                 _drop(conn, source)
-                result.dropped.append(source.schema)
+                result.dropped.append(
+                    source.schema if not source.base else f"the tables in {source.schema}"
+                )
 
     for index, target in enumerate(shard_stores):
         with target.begin() as conn:

@@ -229,11 +229,18 @@ def unknown_handlers(app: Scheduler, users: Users) -> list[str]:
 
 
 def enabled_rows(app: Scheduler) -> Users:
-    """The handlers the enabled rows name (two statements whatever the number of rows)."""
+    """The handlers the enabled rows name (two statements whatever the number of rows; per
+    shard with ``[database] shards`` above 1)."""
     from .._store import rows as _rows
 
-    with app.store.read() as conn:
-        return _rows.enabled_handlers(conn, unknown=lambda h: h not in app.registry)
+    found: Users = {}
+    for shard in app.shards:
+        with shard.store.read() as conn:
+            named = _rows.enabled_handlers(conn, unknown=lambda h: h not in app.registry)
+        for handler, (names, count) in named.items():
+            known, total = found.get(handler, ([], 0))
+            found[handler] = (sorted(known + names)[:3], total + count)
+    return found
 
 
 def hard_exit(code: int) -> NoReturn:
