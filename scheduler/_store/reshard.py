@@ -107,14 +107,14 @@ class Reshard:
                 " nothing to move"
             )
         parts = ", ".join(
-            f"{label} {self.moved.get(name, 0)}/{self.rows.get(name, 0)}"
+            f"{label} {self.moved.get(name, 0)} of {self.rows.get(name, 0)}"
             for name, label in LABELS.items()
         )
-        dropped = f"; dropped: {', '.join(self.dropped)}" if self.dropped else ""
+        dropped = f"; dropped {', '.join(self.dropped)}" if self.dropped else ""
         return (
             f"resharded from {_shards_word(self.before)} to {_shards_word(self.after)}:"
-            f" rows moved to another shard of all: {parts}{dropped}; new ids above"
-            f" {self.id_floor}"
+            f" moved {parts} (the others stayed in their shard){dropped}; new ids start"
+            f" above {self.id_floor}"
         )
 
 
