@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import time
+from collections import Counter
 from pathlib import Path
 
 from helpers.cli_project import COMMAND, clean_env, ok, one_error_line, run
@@ -114,3 +115,108 @@ def test_reshard_on_sqlite_is_one_error_line(tmp_path: Path) -> None:
     ok(run(tmp_path, "migrate"))
     line = one_error_line(run(tmp_path, "migrate", "--reshard"))
     assert "migrate --reshard: shards are schemas of one PostgreSQL database" in line
+
+
+ROUTED = ("scheduler_rows", "scheduler_jobs", "scheduler_runs", "scheduler_decisions")
+
+
+def every_row(url: str) -> Counter[tuple[str, int]]:
+    """(table, id) of every row of the routed tables in every schema that holds them."""
+    engine = create_engine(url)
+    found: Counter[tuple[str, int]] = Counter()
+    try:
+        with engine.connect() as conn:
+            schemas = conn.execute(
+                text(
+                    "SELECT DISTINCT schemaname FROM pg_tables"
+                    " WHERE tablename = 'scheduler_alembic_version'"
+                )
+            ).scalars()
+            for schema in list(schemas):
+                for table in ROUTED:
+                    ids = conn.execute(text(f"SELECT id FROM {schema}.{table}")).scalars()
+                    found.update((table, int(i)) for i in ids)
+    finally:
+        engine.dispose()
+    return found
+
+
+def sleeping(url: str) -> int | None:
+    """The backend sleeping in the trigger below, if any."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(
+                text("SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep'")
+            ).scalar()
+    finally:
+        engine.dispose()
+
+
+def test_a_reshard_killed_halfway_loses_nothing_and_a_rerun_finishes(
+    tmp_path: Path, shards_url: str
+) -> None:
+    """4 shards to 2: the command is killed (SIGKILL) while it moves shard 3's tasks (a
+    trigger in the targets sleeps on their insert), after shards 0 to 2 were done; its
+    transaction dies with it. Every row is there once; the database is refused until the
+    rerun, which finishes."""
+    write(tmp_path, shards_url, 4)
+    ok(run(tmp_path, "migrate"))
+    ok(run(tmp_path, "sync"))
+    for n in (1, 3, 4, 5):  # tenant1 and tenant3's tasks are in shard 3 of 4
+        ok(run(tmp_path, "trigger", f"nightly-{n}"))
+    ok(run(tmp_path, "worker", "--once"))
+    before = every_row(shards_url)
+    assert before and max(before.values()) == 1
+    engine = create_engine(shards_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "CREATE FUNCTION public.slow() RETURNS trigger LANGUAGE plpgsql AS $$"
+                    " BEGIN IF (NEW.id - 1) % 4 = 3 THEN PERFORM pg_sleep(120); END IF;"
+                    " RETURN NEW; END $$"
+                )
+            )
+            for k in (0, 1):
+                conn.execute(
+                    text(
+                        f"CREATE TRIGGER slow BEFORE INSERT ON scheduler_shard_{k}.scheduler_rows"
+                        " FOR EACH ROW EXECUTE FUNCTION public.slow()"
+                    )
+                )
+        write(tmp_path, shards_url, 2)
+        killed = subprocess.Popen(
+            [*COMMAND, "migrate", "--reshard"],
+            cwd=tmp_path,
+            env=clean_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while (backend := sleeping(shards_url)) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert backend is not None and killed.poll() is None
+        killed.kill()
+        killed.wait(timeout=10)
+        with engine.begin() as conn:  # the server drops the dead client's transaction
+            conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": backend})
+        deadline = time.monotonic() + 10
+        while sleeping(shards_url) is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        halfway = every_row(shards_url)
+        assert halfway == before  # each row once: in its old shard or its new one
+        for shards in (2, 4):
+            write(tmp_path, shards_url, shards)
+            line = one_error_line(run(tmp_path, "jobs"))
+            assert "did not finish: run it again" in line, line
+        with engine.begin() as conn:
+            for k in (0, 1):
+                conn.execute(text(f"DROP TRIGGER slow ON scheduler_shard_{k}.scheduler_rows"))
+    finally:
+        engine.dispose()
+    write(tmp_path, shards_url, 2)
+    out = ok(run(tmp_path, "migrate", "--reshard"))
+    assert "dropped scheduler_shard_3" in out and "scheduler_shard_2" not in out, out
+    assert every_row(shards_url) == before
+    assert len(jobs(tmp_path)) == 4

@@ -227,6 +227,25 @@ def check_after(app: Scheduler, url: str, before: int, snap: Any) -> None:
         assert found is not None and found.handler == "t.later"
 
 
+def check_partitions(app: Scheduler) -> None:
+    """The history and the decision log are still partitioned by day in every shard, and the
+    moved rows (all of today) sit in today's partition: inserted through the parent."""
+    today = f"_p{app.clock():%Y%m%d}"
+    for shard in app.shards:
+        with shard.store.read() as conn:
+            for name in ("scheduler_runs", "scheduler_decisions"):
+                kind = conn.execute(
+                    text("SELECT relkind FROM pg_class WHERE oid = to_regclass(:t)"), {"t": name}
+                ).scalar()
+                assert kind == "p", name
+                held = set(
+                    conn.execute(
+                        text(f"SELECT DISTINCT tableoid::regclass::text FROM {name}")
+                    ).scalars()
+                )
+                assert held <= {name + today}, held
+
+
 def test_reshard_1_to_4_to_3_to_1_moves_every_row_once_to_its_shard(shards_url: str) -> None:
     clock = now_clock()
     one = make(shards_url, 1, clock)
@@ -248,6 +267,7 @@ def test_reshard_1_to_4_to_3_to_1_moves_every_row_once_to_its_shard(shards_url: 
             [_shards.schema_name(i) for i in range(after)] if after > 1 else ["public"]
         )
         check_after(app, shards_url, before, moved)
+        check_partitions(app)
         populate(app, after * 10)  # the new layout takes new rows, then moves them too
     final = snapshot(make(shards_url, 1))
     assert sum(1 for _ in final["scheduler_rows"]) == 16 * 4
