@@ -31,6 +31,10 @@ SCHEMA_PREFIX = "scheduler_shard_"
 
 CITUS_SETTING = "citus.enable_schema_based_sharding"
 
+VERSION_TABLE = "scheduler_alembic_version"
+"""``migrate.VERSION_TABLE``, spelled here: ``migrate`` imports the store, which imports this
+module (tests/store/test_reshard.py checks they are the same)."""
+
 RESHARD_MARKER = "scheduler_reshard"
 """The table in the connection's own schema that ``migrate --reshard`` writes first and drops
 last (``_store/reshard.py``): while it exists, a reshard did not finish."""
@@ -215,8 +219,6 @@ def layout(conn: Connection) -> tuple[list[int], bool, bool]:
     """The shard schemas the database holds, whether the scheduler's tables exist in the
     connection's own schema (the layout without shards), and whether a reshard is unfinished
     (its marker table is there)."""
-    from .migrate import VERSION_TABLE
-
     base, resharding = conn.execute(
         text(
             "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = current_schema()"

@@ -22,9 +22,9 @@ from ._group import State, cli, enabled_rows, hard_exit, log, pass_state, unknow
 @click.option(
     "--reshard",
     is_flag=True,
-    help="Move every row to the [database] shards the file asks, from the shards the"
-    " database has (PostgreSQL; every worker stopped, no job running): each task with its"
-    " jobs, runs, decisions and audit entries to its shard; emptied shards are dropped.",
+    help="Move the tasks, with their jobs, runs, decisions and audit entries, from the shards"
+    " the database has to the [database] shards the file asks (PostgreSQL; every worker"
+    " stopped, no job running); emptied shards are dropped.",
 )
 @pass_state
 def migrate(state: State, revision: str, reshard: bool) -> None:

@@ -386,6 +386,12 @@ def test_two_active_jobs_of_one_dedupe_key_bound_for_one_shard_are_refused(
     assert snapshot(four) == snap
 
 
+def test_the_version_table_has_one_name() -> None:
+    from scheduler._store.migrate import VERSION_TABLE
+
+    assert _shards.VERSION_TABLE == VERSION_TABLE
+
+
 def test_reshard_on_sqlite_is_refused(tmp_path: Path) -> None:
     app = Scheduler(f"sqlite:///{tmp_path / 'app.db'}", registry=registry())
     app.migrate()
