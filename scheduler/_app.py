@@ -43,6 +43,7 @@ from ._store import limits as _limits
 from ._store import migrate as _migrate
 from ._store import partitions as _partitions
 from ._store import queues as _queues
+from ._store import reshard as _reshard
 from ._store import rows as _rows
 from ._store import shards as _shards
 from ._store import wakeup as _wakeup
@@ -535,6 +536,20 @@ class Scheduler:
                 _shards.start_sequences(conn, self.shard_index, self._shard_count)
         self._schema_ok = False
 
+    def reshard(self) -> _reshard.Reshard:
+        """Move every row to the ``[database] shards`` this Scheduler has, from the shards
+        the database has (``scheduler migrate --reshard``; PostgreSQL, workers stopped): each
+        task with its jobs, runs, decisions and audit entries to its routing key's shard, the
+        shared tables merged into every shard; emptied shards dropped. Refused (nothing
+        written) while a worker is alive or a job claimed. A failure leaves every row once,
+        and the database refused until it runs again."""
+        result = _reshard.reshard(
+            self.store, [shard.store for shard in self.shards], now=self.clock()
+        )
+        for app in {self, *self.shards}:
+            app._schema_ok = False
+        return result
+
     def _check_layout(self) -> None:
         """Refuse a PostgreSQL database whose shard schemas do not fit ``[database] shards``
         (one read; nothing to check elsewhere, or in one shard of several)."""
@@ -542,10 +557,10 @@ class Scheduler:
             return
         with self.store.read() as conn:
             if self.sharded:
-                found, base = _shards.layout(conn)
+                found, base, resharding = _shards.layout(conn)
             else:  # one read: only shard schemas would not fit
-                found, base = _shards.found_shards(conn, but_own=True), True
-        problem = _shards.layout_error(found, len(self.shards), base)
+                found, base, resharding = _shards.found_shards(conn, but_own=True), True, False
+        problem = _shards.layout_error(found, len(self.shards), base, resharding)
         if problem is not None:
             where = f"database {self.database_name} ({self.database_source})"
             self._layout_refused = True

@@ -31,6 +31,14 @@ SCHEMA_PREFIX = "scheduler_shard_"
 
 CITUS_SETTING = "citus.enable_schema_based_sharding"
 
+VERSION_TABLE = "scheduler_alembic_version"
+"""``migrate.VERSION_TABLE``, spelled here: ``migrate`` imports the store, which imports this
+module (tests/store/test_reshard.py checks they are the same)."""
+
+RESHARD_MARKER = "scheduler_reshard"
+"""The table in the connection's own schema that ``migrate --reshard`` writes first and drops
+last (``_store/reshard.py``): while it exists, a reshard did not finish."""
+
 _FOUND = text(
     "SELECT nspname, nspname = current_schema() FROM pg_namespace WHERE nspname LIKE :prefix"
     " ORDER BY nspname"
@@ -185,10 +193,18 @@ def start_sequences(conn: Connection, index: int, count: int, floor: int = 0) ->
         )
 
 
-def layout_error(found: Sequence[int], count: int, base_tables: bool) -> str | None:
+def layout_error(
+    found: Sequence[int], count: int, base_tables: bool, resharding: bool = False
+) -> str | None:
     """Why the database's shards (`found`; `base_tables`: the scheduler's tables exist outside
-    them) do not fit ``[database] shards = count``, or None if they do."""
+    them; `resharding`: a ``migrate --reshard`` did not finish) do not fit ``[database] shards
+    = count``, or None if they do."""
     wanted = list(range(count))
+    if resharding and count > 1:
+        return (
+            "a `scheduler migrate --reshard` started and did not finish: run it again (with"
+            " the workers stopped) to finish moving the rows"
+        )
     if count == 1:
         if found:
             return (
@@ -212,11 +228,16 @@ def _names(found: Iterable[int]) -> str:
     return ", ".join(schema_name(i) for i in found)
 
 
-def layout(conn: Connection) -> tuple[list[int], bool]:
-    """The shard schemas the database holds, and whether the scheduler's tables exist in the
-    connection's own schema (the layout without shards)."""
-    from sqlalchemy import inspect
-
-    from .tables import jobs
-
-    return found_shards(conn), inspect(conn).has_table(jobs.name)
+def layout(conn: Connection) -> tuple[list[int], bool, bool]:
+    """The shard schemas the database holds, whether the scheduler's tables exist in the
+    connection's own schema (the layout without shards), and whether a reshard is unfinished
+    (its marker table is there)."""
+    base, resharding = conn.execute(
+        text(
+            "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = current_schema()"
+            " AND tablename = :version), EXISTS (SELECT 1 FROM pg_tables"
+            " WHERE schemaname = current_schema() AND tablename = :marker)"
+        ),
+        {"version": VERSION_TABLE, "marker": RESHARD_MARKER},
+    ).one()
+    return found_shards(conn), bool(base), bool(resharding)

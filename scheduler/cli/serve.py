@@ -19,12 +19,24 @@ from ._group import State, cli, enabled_rows, hard_exit, log, pass_state, unknow
     help="Target revision; an older one (or 'base') downgrades, dropping what later"
     " revisions added. Back up first.",
 )
+@click.option(
+    "--reshard",
+    is_flag=True,
+    help="Move the tasks, with their jobs, runs, decisions and audit entries, from the shards"
+    " the database has to the [database] shards the file asks (PostgreSQL; every worker"
+    " stopped, no job running); emptied shards are dropped.",
+)
 @pass_state
-def migrate(state: State, revision: str) -> None:
-    """Create or upgrade the database schema (or move it to --revision)."""
+def migrate(state: State, revision: str, reshard: bool) -> None:
+    """Create or upgrade the database schema (or move it to --revision, or --reshard)."""
     from .._store import migrate as _migrate
 
     app = state.open(check_schema=False)
+    if reshard:
+        if revision != "head":
+            raise click.UsageError("--reshard moves rows at the head revision: drop --revision")
+        click.echo(app.reshard().summary())
+        return
     app.migrate(revision)
     current = _migrate.current_revision(app.shards[0].store)
     suffix = " (head)" if current == _migrate.head_revision() else ""
