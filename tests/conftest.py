@@ -4,9 +4,10 @@ PostgreSQL (``SCHEDULER_TEST_PG``, default database ``test`` on 127.0.0.1:5432) 
 (``SCHEDULER_TEST_MYSQL``, database ``test`` on 127.0.0.1:3306) are skipped with a reason when
 unreachable on a developer's machine; with ``CI=true`` an unreachable server fails the run.
 
-``citus``: a Citus coordinator and two worker nodes of the pytest process's own, the tables in
-one distributed schema (``tests/helpers/citus_cluster.py``), for the tests marked ``citus``
-(the core of the suite); the other tests' ``citus`` cases are deselected. Skipped with the
+``citus``: a Citus coordinator and two worker nodes of the pytest process's own, with the 4
+shard schemas of a sharded scheduler as distributed schemas, 2 on each worker node, each test
+working in one of them in turn (``tests/helpers/citus_cluster.py``), for the tests marked
+``citus`` (the core of the suite); the other tests' ``citus`` cases are deselected. Skipped with the
 reason without Citus; required with ``CI=true``.
 
 ``pgbouncer``: the PostgreSQL cases once more (but those of the few tests marked ``direct``;
@@ -155,7 +156,7 @@ _migrated: set[str] = set()
 
 def _create_namespace(url: str) -> None:
     if url not in (PG_URL, MYSQL_URL):  # Citus: the cluster's, made by cluster()
-        citus_cluster.cluster().distributed_schema(citus_cluster.SCHEMA)
+        citus_cluster.cluster().distributed_schema(citus_cluster.schema_of(url))
         return
     if url == PG_URL:
         ddl = f"CREATE SCHEMA IF NOT EXISTS {_SESSION}"
@@ -268,15 +269,15 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def make_url(backend: str, tmp_path: Path, sqlite_template: Path) -> str:
+def make_url(backend: str, tmp_path: Path, sqlite_template: Path, shard: int | None = None) -> str:
     """A migrated, empty database for `backend`. For ``pgbouncer`` the caller also sets
     ``SCHEDULER_DATABASE_POOLER=transaction`` for the test (:func:`backend_url` does)."""
     if backend == "sqlite":
         path = tmp_path / "scheduler.db"
         shutil.copy(sqlite_template, path)
         return f"sqlite:///{path}"
-    if backend == CITUS:
-        url = citus_cluster.url()
+    if backend == CITUS:  # a shard's schema: `shard`'s, else the next in turn
+        url = citus_cluster.url(shard)
         _fresh_server_db(url)
         return url
     if backend == "pgbouncer":

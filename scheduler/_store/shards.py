@@ -99,13 +99,14 @@ def _without_search_path(options: str) -> list[str]:
 
 
 def found_shards(conn: Connection, but_own: bool = False) -> list[int]:
-    """The indexes of the shard schemas the database holds (any, migrated or not); with
-    `but_own`, not the connection's own schema (a scheduler of one shard may keep its tables
-    in a schema of that name, by its ``search_path``, as the tests' Citus cluster does)."""
+    """The indexes of the shard schemas the database holds (any, migrated or not). With
+    `but_own` (the check of a one-shard scheduler): none when the connection's own schema is
+    one of them, since a scheduler whose ``search_path`` is a shard's schema works in that
+    shard alone (as one shard's Scheduler of a sharded one does, and the tests' Citus engine)."""
     found: list[int] = []
     for name, own in conn.execute(_FOUND).all():
         if own and but_own:
-            continue
+            return []
         suffix = str(name)[len(SCHEMA_PREFIX) :]
         if suffix.isdigit() and str(int(suffix)) == suffix:
             found.append(int(suffix))

@@ -1,8 +1,9 @@
 """The ``citus`` engine of the contract suite: a Citus coordinator and two worker nodes of this
 pytest process's own (``reliability/_citus.py``), started on first use on free ports and stopped
-at the end of the session, and the scheduler's tables in one Citus distributed schema,
-:data:`SCHEMA` (schema-based sharding: its tables live on one worker node, and every statement
-that stays inside it is routed there).
+at the end of the session, and the 4 shard schemas of a sharded scheduler in its database, each
+a Citus distributed schema (schema-based sharding: a schema's tables live on one worker node,
+and every statement that stays inside it is routed there), 2 on each worker node. Each test of
+the engine works in one of them, in turn (:func:`url`).
 
 Without Citus (``../shared/tools/install-citus.sh`` builds and installs it for PostgreSQL 15) the
 ``citus`` cases skip with the reason; with ``CI=true`` they fail.
@@ -20,8 +21,13 @@ import os
 import _citus
 import pytest
 
-SCHEMA = "scheduler_shard_0"
-"""The distributed schema the tests' scheduler uses (the name of a shard's schema)."""
+SHARDS = 4
+SCHEMAS = tuple(f"scheduler_shard_{index}" for index in range(SHARDS))
+"""The distributed schemas of the cluster's database: the 4 shards of a sharded scheduler,
+placed by Citus over both worker nodes. The ``citus`` engine's tests take turns over them
+(:func:`url`): each test works in one shard, as one shard's Scheduler of ``shards = 4`` does."""
+SCHEMA = SCHEMAS[0]
+"""Shard 0's schema."""
 
 _IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 _started: list[_citus.Cluster] = []
@@ -43,7 +49,8 @@ def cluster() -> _citus.Cluster:
             except BaseException:
                 made.stop()
                 raise
-            made.distributed_schema(SCHEMA)
+            for schema in SCHEMAS:
+                made.distributed_schema(schema)
     if _problem:
         if _IN_CI:
             pytest.fail(f"Citus: {_problem[0]}; CI requires it", pytrace=False)
@@ -51,9 +58,23 @@ def cluster() -> _citus.Cluster:
     return _started[0]
 
 
-def url() -> str:
-    """The coordinator's URL with ``search_path`` on :data:`SCHEMA` (the scheduler's tables)."""
-    return cluster().url(SCHEMA)
+_turn = [0]
+
+
+def url(shard: int | None = None) -> str:
+    """The coordinator's URL with ``search_path`` on a shard's schema: `shard`'s, else the next
+    in turn (so that the tests spread over every shard, and both worker nodes)."""
+    if shard is None:
+        shard, _turn[0] = _turn[0] % SHARDS, _turn[0] + 1
+    return cluster().url(SCHEMAS[shard])
+
+
+def schema_of(address: str) -> str:
+    """The shard schema a URL of :func:`url` works in."""
+    for schema in SCHEMAS:
+        if address.endswith(f"search_path%3D{schema}"):
+            return schema
+    raise ValueError(f"not a shard's URL: {address}")
 
 
 SHARDS_DATABASE = "scheduler_shards"

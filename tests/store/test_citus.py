@@ -23,6 +23,7 @@ from typing import Any
 import _citus
 import pytest
 from conftest import make_url
+from helpers import citus_cluster
 from helpers.citus_cluster import SCHEMA
 from helpers.citus_remote import RemoteCommands, Sent
 
@@ -38,7 +39,7 @@ T0 = datetime(2030, 1, 7, 12, 0, 0, tzinfo=UTC)
 def citus_app(
     citus: _citus.Cluster, tmp_path: Path, sqlite_template: Path
 ) -> Iterator[tuple[Scheduler, RemoteCommands, ManualClock]]:
-    url = make_url("citus", tmp_path, sqlite_template)
+    url = make_url("citus", tmp_path, sqlite_template, shard=0)  # SCHEMA's
     clock = ManualClock(T0)
     app = Scheduler(url, registry=Registry(), clock=clock, worker_id="A", lease_seconds=60)
     remote = RemoteCommands(app.store.engine)
@@ -138,3 +139,16 @@ def test_the_claim_s_plan_is_one_task_on_the_schema_s_node(
         conn.rollback()
     assert "Task Count: 1" in plan, plan
     assert f"port={node.port}" in plan, plan
+
+
+def test_the_engine_s_tests_take_turns_over_four_shards_on_both_nodes(
+    citus: _citus.Cluster, tmp_path: Path, sqlite_template: Path
+) -> None:
+    """The ``citus`` engine's tests each work in one of the 4 shard schemas, in turn, and the
+    4 are spread over both worker nodes: the suite's core runs in every shard, on every node."""
+    schemas = {citus_cluster.schema_of(citus_cluster.url()) for _ in range(4)}
+    assert schemas == set(citus_cluster.SCHEMAS)
+    for shard in range(len(citus_cluster.SCHEMAS)):  # each migrated, as its first test does
+        make_url("citus", tmp_path, sqlite_template, shard=shard)
+    nodes = {citus.node_of(schema).port for schema in citus_cluster.SCHEMAS}
+    assert nodes == {worker.port for worker in citus.workers}
