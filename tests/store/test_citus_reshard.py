@@ -10,7 +10,7 @@ import os
 import _citus
 import pytest
 
-from scheduler import Scheduler, TaskSpec
+from scheduler import ConfigError, Scheduler, TaskSpec
 from scheduler._model.handlers import Registry
 from scheduler._store.shards import schema_name, shard_of
 
@@ -68,3 +68,19 @@ def test_reshard_on_citus_moves_every_row_once(citus: _citus.Cluster) -> None:
         assert fresh > max(owner)  # the sequences restarted above every kept id
         owner[fresh] = "new"
         app.close()
+
+
+def test_shards_on_citus_without_schema_based_sharding_are_refused(citus: _citus.Cluster) -> None:
+    database = f"unsharded_{os.getpid()}"
+    url = citus.create_database(database, schema_sharding=False)
+    app = _app(url, 2)
+    with pytest.raises(ConfigError) as refused:
+        app.migrate()
+    message = str(refused.value)
+    assert "citus.enable_schema_based_sharding" in message
+    assert "\n" not in message and "shards = 2" in message
+    schemas = citus.coordinator.sql(
+        "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'scheduler\\_shard\\_%'", database
+    )
+    assert schemas.strip() == "0"  # nothing written
+    app.close()
