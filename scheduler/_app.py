@@ -386,20 +386,29 @@ class Scheduler:
         key = _shards.routing_key(tenant, name)
         return self.shards[_shards.shard_of(key, len(self.shards))]
 
-    def _task_shard(self, name: str) -> Scheduler:
-        """The shard that holds task `name`: looked for first where its name routes it, then
-        in the others; where its name routes it if no shard holds it."""
+    def _from(self, first: Scheduler) -> tuple[Scheduler, ...]:
+        """The shards, `first` first: where a lookup looks, in turn."""
+        return (first, *(shard for shard in self.shards if shard is not first))
+
+    def _row_in_shards(self, name: str) -> tuple[Scheduler, TaskRow | None]:
+        """Task `name`'s shard and row: looked for first where its name routes it, then in
+        the others; where its name routes it (and None) if no shard holds it."""
         first = self.shard_for(None, name)
-        for shard in (first, *(s for s in self.shards if s is not first)):
-            if shard.get_row(name) is not None:
-                return shard
-        return first
+        for shard in self._from(first):
+            row = shard.get_row(name)
+            if row is not None:
+                return shard, row
+        return first, None
+
+    def _task_shard(self, name: str) -> Scheduler:
+        """The shard that holds task `name` (:meth:`_row_in_shards`)."""
+        return self._row_in_shards(name)[0]
 
     def _job_shard(self, job_id: int) -> Scheduler:
         """The shard that holds job `job_id`: first the one whose ids it is from, then the
         others (a reshard moves rows with their ids); that first one if none holds it."""
         first = self.shards[_shards.shard_of_id(job_id, len(self.shards))]
-        for shard in (first, *(s for s in self.shards if s is not first)):
+        for shard in self._from(first):
             with shard.store.read() as conn:
                 if _jobs.job_exists(conn, job_id):
                     return shard
@@ -452,10 +461,8 @@ class Scheduler:
         """The shard `spec` belongs in; a task of that name in another shard (its tenant
         changed, or another tenant's task has the name) is refused."""
         target = self.shard_for(spec.tenant, spec.name)
-        if target.get_row(spec.name) is not None:
-            return target
-        holder = self._task_shard(spec.name)
-        if holder is not target and holder.get_row(spec.name) is not None:
+        holder = next((s for s in self._from(target) if s.get_row(spec.name) is not None), target)
+        if holder is not target:
             raise SchedulerError(
                 f"task {spec.name!r} is in shard {holder.shard_index}, its tenant"
                 f" {spec.tenant!r} is in shard {target.shard_index}: remove the task and put it"
@@ -853,7 +860,7 @@ class Scheduler:
 
     def get_row(self, name: str) -> TaskRow | None:
         if self.sharded:
-            return self._task_shard(name).get_row(name)
+            return self._row_in_shards(name)[1]
         with self.store.read() as conn:
             return _rows.get_row(conn, name)
 
@@ -1250,7 +1257,12 @@ class Scheduler:
         """The job's view; a ready job a limit holds back says what it waits for
         (``waiting_for``)."""
         if self.sharded:
-            return self._job_shard(job_id).get_job(job_id)
+            first = self.shards[_shards.shard_of_id(job_id, len(self.shards))]
+            for shard in self._from(first):  # where its id says first, one read each
+                job = shard.get_job(job_id)
+                if job is not None:
+                    return job
+            return None
         with self.store.read() as conn:
             job = _jobs.get_job(conn, job_id)
             return None if job is None else self.with_waiting(conn, [job])[0]
