@@ -66,3 +66,15 @@ class RemoteCommands:
         found: list[Sent] = []
         yield found
         found.extend(self.sent[start:])
+
+
+def assert_router(sent: list[Sent], node: int, what: str) -> None:
+    """Each statement's remote commands go to `node` only, none is a two-phase commit's; and
+    the operation did reach that node."""
+    assert sent, f"{what}: no statement"
+    for one in sent:
+        ports = {port for _, port in one.remote}
+        assert ports <= {node}, (what, one.statement, one.remote)
+        prepared = [c for c, _ in one.remote if "PREPARE TRANSACTION" in c or "PREPARED" in c]
+        assert prepared == [], (what, one.statement, prepared)
+    assert any(one.remote for one in sent), f"{what}: nothing reached the worker node"

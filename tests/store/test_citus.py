@@ -25,7 +25,7 @@ import pytest
 from conftest import make_url
 from helpers import citus_cluster
 from helpers.citus_cluster import SCHEMA
-from helpers.citus_remote import RemoteCommands, Sent
+from helpers.citus_remote import RemoteCommands, assert_router
 
 from scheduler import Scheduler, TaskSpec
 from scheduler._model.handlers import Registry
@@ -57,44 +57,32 @@ def two_phase_commits(citus: _citus.Cluster) -> int:
     return int(citus.coordinator.sql("SELECT count(*) FROM pg_dist_transaction"))
 
 
-def assert_router(citus: _citus.Cluster, sent: list[Sent], what: str) -> None:
-    """Each statement's remote commands go to the one node holding the schema, none is a
-    two-phase commit's; and the operation did reach that node."""
-    node = citus.node_of(SCHEMA).port
-    assert sent, f"{what}: no statement"
-    for one in sent:
-        ports = {port for _, port in one.remote}
-        assert ports <= {node}, (what, one.statement, one.remote)
-        prepared = [c for c, _ in one.remote if "PREPARE TRANSACTION" in c or "PREPARED" in c]
-        assert prepared == [], (what, one.statement, prepared)
-    assert any(one.remote for one in sent), f"{what}: nothing reached the worker node"
-
-
 def test_every_statement_kind_is_routed_to_one_node_without_two_phase_commit(
     citus: _citus.Cluster, citus_app: tuple[Scheduler, RemoteCommands, ManualClock]
 ) -> None:
     app, remote, clock = citus_app
     runner = app.runner()
     before = two_phase_commits(citus)
+    node = citus.node_of(SCHEMA).port  # the schema's: every statement goes there alone
 
     with remote.during() as enqueue:
         job_id = app.enqueue("ok")
         app.enqueue("ok", dedupe_key="once")
         app.enqueue("ok", dedupe_key="once")  # the key is held: its holder is returned
-    assert_router(citus, enqueue, "enqueue")
+    assert_router(enqueue, node, "enqueue")
 
     with remote.during() as claim:
         [job] = runner.claim()
     assert job.id == job_id
-    assert_router(citus, claim, "claim")
+    assert_router(claim, node, "claim")
 
     with remote.during() as heartbeat:
         RunningJob(job, runner).heartbeat()
-    assert_router(citus, heartbeat, "heartbeat")
+    assert_router(heartbeat, node, "heartbeat")
 
     with remote.during() as outcome:
         assert runner.run(job) == "succeeded"
-    assert_router(citus, outcome, "outcome (success)")
+    assert_router(outcome, node, "outcome (success)")
 
     app.enqueue("flaky")
     with remote.during() as retry:
@@ -102,7 +90,7 @@ def test_every_statement_kind_is_routed_to_one_node_without_two_phase_commit(
         runner.run(other)
     found = app.get_job(other.id)
     assert found is not None and found.state == "queued"  # to be retried
-    assert_router(citus, retry, "claim and outcome (retry)")
+    assert_router(retry, node, "claim and outcome (retry)")
 
     clock.advance(minutes=10)
     [stuck] = [j for j in runner.claim() if j.handler == "flaky"]  # its retry, then lost
@@ -110,13 +98,13 @@ def test_every_statement_kind_is_routed_to_one_node_without_two_phase_commit(
     with remote.during() as takeover:
         [taken] = app.runner().take_over()
     assert taken.id == stuck.id
-    assert_router(citus, takeover, "takeover")
+    assert_router(takeover, node, "takeover")
 
     app.sync([TaskSpec(name="nightly", cron="0 3 * * *", handler="ok", timezone="UTC")])
     with remote.during() as tick:
         assert app.tick(now=T0 + timedelta(days=1)).dispatched == ["nightly"]
         assert app.tick(now=T0 + timedelta(days=1, seconds=1)).dispatched == []
-    assert_router(citus, tick, "tick")
+    assert_router(tick, node, "tick")
 
     assert two_phase_commits(citus) == before
 

@@ -31,7 +31,7 @@ from typing import Any
 import _citus
 import pytest
 from helpers import citus_cluster
-from helpers.citus_remote import RemoteCommands, Sent
+from helpers.citus_remote import RemoteCommands, assert_router
 
 from scheduler import Scheduler, TaskSpec
 from scheduler._model.handlers import Registry
@@ -181,18 +181,6 @@ def test_every_statement_kind_in_each_shard_goes_to_its_node_without_two_phase_c
 
 def two_phase_commits(citus: _citus.Cluster) -> int:
     return int(sql(citus, "SELECT count(*) FROM pg_dist_transaction"))
-
-
-def assert_router(sent: list[Sent], node: int, what: str) -> None:
-    """Each statement's remote commands go to `node` only, none is a two-phase commit's; and
-    the operation did reach that node."""
-    assert sent, f"{what}: no statement"
-    for one in sent:
-        ports = {port for _, port in one.remote}
-        assert ports <= {node}, (what, one.statement, one.remote)
-        prepared = [c for c, _ in one.remote if "PREPARE TRANSACTION" in c or "PREPARED" in c]
-        assert prepared == [], (what, one.statement, prepared)
-    assert any(one.remote for one in sent), f"{what}: nothing reached the worker node"
 
 
 def ids_by_shard(citus: _citus.Cluster, table: str) -> dict[int, list[int]]:
