@@ -22,8 +22,8 @@ HASH = hash_password(PASSWORD, ln=10)  # cheap for tests
 
 
 @pytest.fixture
-def seeded(shards_url: str) -> Iterator[Seeded]:
-    app = sharded_app(shards_url)
+def seeded(sharded_url: str) -> Iterator[Seeded]:
+    app = sharded_app(sharded_url)
     yield seed(app)
     app.close()
 
