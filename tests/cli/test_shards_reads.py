@@ -16,6 +16,12 @@ from helpers.shard_reads import SHARDS, Seeded, seed, sharded_app
 from scheduler import Scheduler
 from scheduler._model.handlers import Registry
 
+# On PostgreSQL directly only: the commands merge what the app reads from each shard, and each
+# shard's reads and writes through PgBouncer (its search_path set in each transaction) are
+# proved by tests/store/test_shards.py, test_shards_status.py and test_sharded_worker.py's
+# pooled cases; through the pooler these were the same cases again at a few seconds each.
+pytestmark = pytest.mark.direct
+
 
 @pytest.fixture
 def seeded(sharded_url: str) -> Iterator[Seeded]:

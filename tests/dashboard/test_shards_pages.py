@@ -20,6 +20,12 @@ from scheduler.dashboard._counts import FinishedCounts
 PASSWORD = "correct horse"
 HASH = hash_password(PASSWORD, ln=10)  # cheap for tests
 
+# On PostgreSQL directly only: the pages and actions merge what the app reads from each
+# shard, and each shard's reads and writes through PgBouncer (its search_path set in each
+# transaction) are proved by tests/store/test_shards.py, test_shards_status.py and
+# test_sharded_worker.py's pooled cases; through the pooler these were the same cases again.
+pytestmark = pytest.mark.direct
+
 
 @pytest.fixture
 def seeded(sharded_url: str) -> Iterator[Seeded]:
