@@ -69,7 +69,11 @@ def pgbouncer_url() -> str:
     if not _bouncer and not _bouncer_problem:
         server = make_sa_url(PG_SERVER)
         bouncer = _pgbouncer.PgBouncer(
-            {_SESSION: (server.database or "test", _SESSION), shard_db.NAME: (shard_db.NAME, None)},
+            {
+                _SESSION: (server.database or "test", _SESSION),
+                shard_db.NAME: (shard_db.NAME, None),
+                shard_db.MIGRATED: (shard_db.MIGRATED, None),
+            },
             server_host=server.host or "127.0.0.1",
             server_port=server.port or 5432,
             pool_size=PGBOUNCER_POOL,
@@ -340,14 +344,29 @@ def shards_url(request: pytest.FixtureRequest) -> str:
     ``[database] shards`` (:mod:`helpers.shard_db`), directly and through PgBouncer (then with
     the pooler setting and a direct ``listen_url`` in the test's environment)."""
     require_server(PG_URL, "PostgreSQL")
-    direct = shard_db.fresh(PG_SERVER)
+    return _shards_engine(request, shard_db.fresh(PG_SERVER), shard_db.NAME)
+
+
+@pytest.fixture(params=["postgresql", "pgbouncer"])
+def sharded_url(request: pytest.FixtureRequest) -> str:
+    """:func:`shards_url`'s database with ``shards = 4`` migrated and no rows
+    (:func:`helpers.shard_db.migrated`: another database, migrated once per pytest process and
+    emptied of its rows before each test), for the tests whose subject is not ``migrate``
+    itself; directly and through PgBouncer."""
+    require_server(PG_URL, "PostgreSQL")
+    return _shards_engine(request, shard_db.migrated(PG_SERVER), shard_db.MIGRATED)
+
+
+def _shards_engine(request: pytest.FixtureRequest, direct: str, database: str) -> str:
+    """The shards `database` (at URL `direct`) directly, or through PgBouncer (with the pooler
+    setting and a direct ``listen_url`` in the test's environment)."""
     if request.param != "pgbouncer":
         return direct
     monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
     monkeypatch.setenv("SCHEDULER_DATABASE_POOLER", "transaction")
     monkeypatch.setenv("SCHEDULER_DATABASE_LISTEN_URL", direct)
     pgbouncer_url()
-    return _bouncer[0].url(shard_db.NAME)
+    return _bouncer[0].url(database)
 
 
 @pytest.fixture

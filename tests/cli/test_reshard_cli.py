@@ -1,7 +1,9 @@
 """``scheduler migrate --reshard`` as an operator runs it: a database of one shard grown to 4
 after ``[database] shards`` changed (every command refused until then, naming the command),
-a second run that has nothing to do, a running worker refused, and SQLite refused. Real
-subprocesses on a real PostgreSQL (directly and through PgBouncer)."""
+a second run that has nothing to do, a running worker refused, and SQLite refused. The commands
+as real subprocesses on a real PostgreSQL (directly and through PgBouncer); the rows they move
+made through the library first (:func:`populate`: what ``migrate``, ``sync``, ``trigger`` and
+``worker --once`` would write, without a Python start-up of a second or more for each)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ from pathlib import Path
 
 from helpers.cli_project import COMMAND, clean_env, ok, one_error_line, run
 from sqlalchemy import create_engine, text
+
+from scheduler import Scheduler
+from scheduler._model.handlers import Registry
 
 JOBS = """
 from scheduler import default_registry
@@ -37,6 +42,23 @@ def write(directory: Path, url: str, shards: int) -> None:
         f'[database]\nurl = "{url}"\nshards = {shards}\n\n[worker]\nimports = ["first_jobs"]\n'
         f"\n{TASKS}"
     )
+
+
+def populate(directory: Path, triggered: tuple[int, ...]) -> None:
+    """Migrate the database of ``directory``'s config, sync its tasks, trigger those of
+    `triggered` and run their jobs (one tick, one round of work)."""
+    registry = Registry()
+    registry.handler("t.ok")(lambda job: None)
+    app = Scheduler.from_toml(directory / "app.toml", registry=registry)
+    try:
+        app.migrate()
+        app.sync()
+        for n in triggered:
+            app.trigger(f"nightly-{n}")
+        app.tick()
+        assert app.work() == len(triggered)
+    finally:
+        app.close()
 
 
 def present(url: str) -> int:
@@ -66,11 +88,7 @@ def test_reshard_grows_a_database_and_a_second_run_has_nothing_to_do(
     tmp_path: Path, shards_url: str
 ) -> None:
     write(tmp_path, shards_url, 1)
-    ok(run(tmp_path, "migrate"))
-    ok(run(tmp_path, "sync"))
-    for n in range(8):
-        ok(run(tmp_path, "trigger", f"nightly-{n}"))
-    ok(run(tmp_path, "worker", "--once"))
+    populate(tmp_path, tuple(range(8)))
     before = sorted((j["id"], j["state"]) for j in jobs(tmp_path))  # type: ignore[type-var]
     assert len(before) == 8 and {state for _, state in before} == {"succeeded"}
 
@@ -161,11 +179,7 @@ def test_a_reshard_killed_halfway_loses_nothing_and_a_rerun_finishes(
     transaction dies with it. Every row is there once; the database is refused until the
     rerun, which finishes."""
     write(tmp_path, shards_url, 4)
-    ok(run(tmp_path, "migrate"))
-    ok(run(tmp_path, "sync"))
-    for n in (1, 3, 4, 5):  # tenant1 and tenant3's tasks are in shard 3 of 4
-        ok(run(tmp_path, "trigger", f"nightly-{n}"))
-    ok(run(tmp_path, "worker", "--once"))
+    populate(tmp_path, (1, 3, 4, 5))  # tenant1 and tenant3's tasks are in shard 3 of 4
     before = every_row(shards_url)
     assert before and max(before.values()) == 1
     engine = create_engine(shards_url)

@@ -20,10 +20,16 @@ from scheduler.dashboard._counts import FinishedCounts
 PASSWORD = "correct horse"
 HASH = hash_password(PASSWORD, ln=10)  # cheap for tests
 
+# On PostgreSQL directly only: the pages and actions merge what the app reads from each
+# shard, and each shard's reads and writes through PgBouncer (its search_path set in each
+# transaction) are proved by tests/store/test_shards.py, test_shards_status.py and
+# test_sharded_worker.py's pooled cases; through the pooler these were the same cases again.
+pytestmark = pytest.mark.direct
+
 
 @pytest.fixture
-def seeded(shards_url: str) -> Iterator[Seeded]:
-    app = sharded_app(shards_url)
+def seeded(sharded_url: str) -> Iterator[Seeded]:
+    app = sharded_app(sharded_url)
     yield seed(app)
     app.close()
 

@@ -41,10 +41,9 @@ class Seeded:
 
 
 def sharded_app(url: str, **kwargs: Any) -> Scheduler:
-    """A migrated app of :data:`SHARDS` shards on `url`, with the handlers ``t.ok`` and
-    ``t.bad`` (which aborts at once)."""
+    """An app of :data:`SHARDS` shards on `url` (migrated: the ``sharded_url`` fixture's), with
+    the handlers ``t.ok`` and ``t.bad`` (which aborts at once)."""
     app = Scheduler(url, shards=SHARDS, registry=Registry(), **kwargs)
-    app.migrate()
 
     @app.handler("t.ok", retry_safe=True)
     def ok(job: Any) -> None:

@@ -47,9 +47,9 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def seeded(shards_url: str) -> Iterator[Seeded]:
+def seeded(sharded_url: str) -> Iterator[Seeded]:
     port = free_port()
-    app = sharded_app(shards_url, metrics=MetricsSettings(port=port, host="127.0.0.1"))
+    app = sharded_app(sharded_url, metrics=MetricsSettings(port=port, host="127.0.0.1"))
     yield seed(app)
     app.close()
 

@@ -22,8 +22,8 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def seeded(shards_url: str, clock: ManualClock) -> Iterator[Seeded]:
-    app = sharded_app(shards_url, clock=clock)
+def seeded(sharded_url: str, clock: ManualClock) -> Iterator[Seeded]:
+    app = sharded_app(sharded_url, clock=clock)
     yield seed(app)
     app.close()
 

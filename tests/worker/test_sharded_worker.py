@@ -59,13 +59,12 @@ def _tenants_per_shard() -> dict[int, list[str]]:
 
 
 def test_one_worker_runs_every_shards_jobs_and_shards_limits_it(
-    shards_url: str, tmp_path: Path
+    sharded_url: str, tmp_path: Path
 ) -> None:
-    config = _config(tmp_path, shards_url)
-    assert run_cli(tmp_path, "--config", str(config), "migrate").returncode == 0
+    config = _config(tmp_path, sharded_url)
     marks = tmp_path / "marks"
     marks.mkdir()
-    app = Scheduler(shards_url, shards=SHARDS, registry=Registry())
+    app = Scheduler(sharded_url, shards=SHARDS, registry=Registry())
     tenants = _tenants_per_shard()
     only = WorkerProcess(tmp_path, config, "--shards", "0-1")
     try:
@@ -95,7 +94,7 @@ def test_one_worker_runs_every_shards_jobs_and_shards_limits_it(
     app.close()
 
 
-def test_two_workers_fire_each_slot_of_every_shard_once(shards_url: str, tmp_path: Path) -> None:
+def test_two_workers_fire_each_slot_of_every_shard_once(sharded_url: str, tmp_path: Path) -> None:
     tenants = _tenants_per_shard()
     tasks = "".join(
         f'[[tasks]]\nname = "every-second-{tenant}"\ncron = "* * * * * *"\n'
@@ -103,11 +102,10 @@ def test_two_workers_fire_each_slot_of_every_shard_once(shards_url: str, tmp_pat
         for names in tenants.values()
         for tenant in names[:2]
     )
-    config = _config(tmp_path, shards_url, tasks)
+    config = _config(tmp_path, sharded_url, tasks)
     (tmp_path / "marks").mkdir()
-    for command in ("migrate", "sync"):
-        done = run_cli(tmp_path, "--config", str(config), command)
-        assert done.returncode == 0, done.stderr
+    done = run_cli(tmp_path, "--config", str(config), "sync")
+    assert done.returncode == 0, done.stderr
     workers = [WorkerProcess(tmp_path, config) for _ in range(2)]
     try:
         for worker in workers:
@@ -118,7 +116,7 @@ def test_two_workers_fire_each_slot_of_every_shard_once(shards_url: str, tmp_pat
     finally:
         for worker in workers:
             worker.kill()
-    app = Scheduler(shards_url, shards=SHARDS, registry=Registry())
+    app = Scheduler(sharded_url, shards=SHARDS, registry=Registry())
     jobs = app.jobs(limit=1000)
     by_task: dict[str, list[object]] = {}
     for job in jobs:
@@ -132,28 +130,27 @@ def test_two_workers_fire_each_slot_of_every_shard_once(shards_url: str, tmp_pat
     app.close()
 
 
+@pytest.mark.direct  # a refused argument: the pooler's connections are never made
 @pytest.mark.parametrize("bad", ["4", "0-9", "x"])
 def test_worker_shards_outside_the_database_is_one_line(
-    shards_url: str, tmp_path: Path, bad: str
+    sharded_url: str, tmp_path: Path, bad: str
 ) -> None:
-    config = _config(tmp_path, shards_url)
-    assert run_cli(tmp_path, "--config", str(config), "migrate").returncode == 0
+    config = _config(tmp_path, sharded_url)
     done = run_cli(tmp_path, "--config", str(config), "worker", "--shards", bad)
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "worker --shards" in lines[0], done.stderr
 
 
-def test_the_background_worker_serves_every_shard(shards_url: str) -> None:
+def test_the_background_worker_serves_every_shard(sharded_url: str) -> None:
     registry = Registry()
-    app = Scheduler(shards_url, shards=SHARDS, registry=registry)
+    app = Scheduler(sharded_url, shards=SHARDS, registry=registry)
     ran: list[int] = []
 
     @registry.handler("t.note")
     def note(job: object) -> None:
         ran.append(job.id)  # type: ignore[attr-defined]
 
-    app.migrate()
     tenants = _tenants_per_shard()
     with app.background_worker(concurrency=4):
         ids = [app.enqueue("t.note", tenant=t) for names in tenants.values() for t in names]
@@ -163,11 +160,11 @@ def test_the_background_worker_serves_every_shard(shards_url: str) -> None:
     app.close()
 
 
-def test_the_shards_share_the_workers_threads(shards_url: str) -> None:
+def test_the_shards_share_the_workers_threads(sharded_url: str) -> None:
     """One shard's jobs use every thread while the others have none; jobs of every shard
     together never run on more threads than the worker's concurrency."""
     registry = Registry()
-    app = Scheduler(shards_url, shards=SHARDS, registry=registry)
+    app = Scheduler(sharded_url, shards=SHARDS, registry=registry)
     lock = threading.Lock()
     running = [0]
     most = [0]
@@ -183,7 +180,6 @@ def test_the_shards_share_the_workers_threads(shards_url: str) -> None:
             running[0] -= 1
             done.append(job.id)  # type: ignore[attr-defined]
 
-    app.migrate()
     tenants = _tenants_per_shard()
     with app.background_worker(concurrency=3):
         one_shard = [app.enqueue("t.busy", tenant=tenants[2][0]) for _ in range(9)]
