@@ -15,7 +15,6 @@ start together or neither.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -221,6 +220,4 @@ def succeed(
 
 
 def _views(items: Sequence[Finish], ended: set[int], now: datetime) -> list[Job | None]:
-    return [
-        dataclasses.replace(f.job, **f.values(now)) if f.job.id in ended else None for f in items
-    ]
+    return [f.job.replaced(**f.values(now)) if f.job.id in ended else None for f in items]

@@ -994,7 +994,7 @@ class Runner:
         for outcome, view in zip(outcomes, views, strict=True):
             job = outcome.job
             if view is None and outcome.completed:  # job.complete() committed it
-                view = dataclasses.replace(job, state=SUCCEEDED, lease_owner=None)
+                view = job.replaced(state=SUCCEEDED, lease_owner=None)
             elif view is None:
                 log.warning(
                     "job %s: lease lost before it finished; its result is discarded",
