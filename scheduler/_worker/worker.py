@@ -865,9 +865,12 @@ class Worker:
             if stop.deadline is not None:  # the stopper wakes at it (cancels: once a second)
                 self._stopper_wake.set()
         try:
-            with self._telemetry.running(job) as run:
+            if self._telemetry.quiet():
                 outcome = self.runner.execute(job, stop)
-                run.ended(outcome)
+            else:
+                with self._telemetry.running(job) as run:
+                    outcome = self.runner.execute(job, stop)
+                    run.ended(outcome)
         except Exception:
             if self._returned(job, stop):
                 self._crashed(job)
