@@ -846,7 +846,15 @@ class Worker:
     def _hand_in(self, job: Job, outcome: Ending, began: float) -> None:
         with self._lock:
             self._handed_in.add(job.id)
+            # The jobs whose handler has not returned: when they fall to the threads' number,
+            # the claiming thread is woken (once), so that the next claim runs while the
+            # recorder writes these outcomes, and the threads have jobs when they are done.
+            # Without it, the claim waited for the recorder's wake-up: claim, run, write, in
+            # turn, with the threads idle for two round trips per claim.
+            unreturned = len(self._running) - len(self._handed_in)
         self._recorder.submit(outcome, self._when_recorded(job, began))
+        if unreturned == self.concurrency:
+            self._wake.set()
 
     def _when_recorded(self, job: Job, began: float) -> Callable[[str], None]:
         def done(result: str) -> None:
