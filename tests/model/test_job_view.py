@@ -56,7 +56,7 @@ def test_from_row_makes_what_the_dataclass_makes() -> None:
 
 def test_replaced_is_dataclasses_replace() -> None:
     job = Job.from_row(_Row(ROW))
-    changes = {"state": SUCCEEDED, "lease_owner": None, "finished_at": NOW}
+    changes: dict[str, Any] = {"state": SUCCEEDED, "lease_owner": None, "finished_at": NOW}
     assert vars(job.replaced(**changes)) == vars(dataclasses.replace(job, **changes))
     assert job.state == "claimed"  # the original is left as it was
     with pytest.raises(TypeError, match="no field"):
