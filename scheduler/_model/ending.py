@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from .job import Job
-from .rules import QUEUED
+from .rules import QUEUED, SUCCEEDED
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,26 @@ class Ending:
     message: str | None = None  # the exception's first line, redacted ([worker] error_messages)
     snoozed: bool = False  # queued again at retry_at, its attempt given back (Snooze)
     completed: bool = False  # the handler recorded its success itself (job.complete)
+
+    @classmethod
+    def success(cls, job: Job, started: datetime, *, completed: bool = False) -> Ending:
+        """``Ending(job, started, SUCCEEDED, None, completed=completed)``, made without the
+        frozen dataclass's ``__init__`` (which sets each field through ``object.__setattr__``):
+        one per job a worker runs."""
+        made = object.__new__(cls)
+        made.__dict__.update(
+            job=job,
+            started=started,
+            state=SUCCEEDED,
+            code=None,
+            retry_at=None,
+            run_code=None,
+            abandoned=False,
+            message=None,
+            snoozed=False,
+            completed=completed,
+        )
+        return made
 
     @property
     def result(self) -> str:

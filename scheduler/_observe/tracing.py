@@ -45,6 +45,11 @@ def _trace() -> Any | None:
     return trace
 
 
+def configured() -> bool:
+    """Whether the application configured OpenTelemetry (a tracer provider): spans are made."""
+    return _trace() is not None
+
+
 def _propagator() -> Any:
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 

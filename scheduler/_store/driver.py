@@ -159,7 +159,7 @@ T = TypeVar("T")
 class Prepared:
     """One statement compiled for one dialect, run on the cursor of a Connection."""
 
-    __slots__ = ("_dialect", "_names", "_positional", "_steps", "sql")
+    __slots__ = ("_dialect", "_fixed", "_names", "_positional", "_steps", "sql")
 
     def __init__(
         self,
@@ -168,29 +168,47 @@ class Prepared:
         *,
         compile_as: Dialect | None = None,
         prefix: str = "",
+        literals: bool = False,
     ) -> None:
         """`compile_as`: a dialect to write the SQL with instead (another paramstyle); the
         values still go through `dialect`'s type processors. `prefix`: SQL written before the
-        statement's own (MariaDB's ``SET STATEMENT ... FOR``)."""
+        statement's own (MariaDB's ``SET STATEMENT ... FOR``). `literals`: the statement's
+        literal values (``literal()``, a ``values()`` constant) are accepted too, sent as
+        parameters of fixed value (named paramstyles only)."""
         compiled = statement.compile(dialect=compile_as or dialect)
         assert isinstance(compiled, SQLCompiler)
-        for name, bind in compiled.binds.items():
-            if not bind.required or bind.expanding:
-                raise ValueError(f"parameter {name!r} must be a plain required bindparam")
+        self._positional = (compile_as or dialect).positional
+        fixed: dict[str, Any] = {}
+        if literals and not self._positional:
+            binds = {name: bind for bind, name in compiled.bind_names.items()}
+            for name, bind in binds.items():
+                if bind.expanding:
+                    raise ValueError(f"parameter {name!r} must not be expanding")
+                if not bind.required:
+                    fixed[name] = bind.effective_value
+        else:
+            binds = dict(compiled.binds)
+            for name, bind in binds.items():
+                if not bind.required or bind.expanding:
+                    raise ValueError(f"parameter {name!r} must be a plain required bindparam")
         self.sql = prefix + compiled.string
         self._dialect = dialect
-        self._positional = (compile_as or dialect).positional
         if self._positional:
             self._names: tuple[str, ...] = tuple(compiled.positiontup or ())
         else:
-            self._names = tuple(compiled.binds)
+            self._names = tuple(name for name in binds if name not in fixed)
         processors: dict[str, Callable[[Any], Any]] = {}
-        for name, bind in compiled.binds.items():
+        for name, bind in binds.items():
             process = bind.type.dialect_impl(dialect).bind_processor(dialect)
             if process is not None:
                 processors[name] = _remember_last(process)
         # Per parameter, in the driver's order: its name and its processor (None: as it is).
         self._steps = tuple((name, processors.get(name)) for name in self._names)
+        # The literal values, converted once.
+        self._fixed = {
+            name: value if processors.get(name) is None else processors[name](value)
+            for name, value in fixed.items()
+        }
 
     @classmethod
     def joined(cls, *parts: Prepared) -> Prepared:
@@ -215,6 +233,9 @@ class Prepared:
         made._positional = positional
         made._steps = tuple(steps)
         made._names = tuple(name for name, _process in steps)
+        made._fixed = {}
+        for part in parts:
+            made._fixed.update(part._fixed)
         return made
 
     def arguments(self, params: Mapping[str, Any]) -> Any:
@@ -223,7 +244,12 @@ class Prepared:
             params[name] if process is None else process(params[name])
             for name, process in self._steps
         ]
-        return tuple(values) if self._positional else dict(zip(self._names, values, strict=True))
+        if self._positional:
+            return tuple(values)
+        named = dict(zip(self._names, values, strict=True))
+        if self._fixed:
+            named.update(self._fixed)
+        return named
 
     def run(
         self,

@@ -7,8 +7,8 @@ lease owner and an unexpired lease (a takeover requires the *old* owner and expi
 
 from __future__ import annotations
 
-import dataclasses
 import functools
+import weakref
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import (
     Connection,
+    Dialect,
     Integer,
     Select,
     and_,
@@ -40,6 +41,7 @@ from .._model.rules import ABORTED, CLAIMED, QUEUED, SUCCEEDED
 from . import bulk as _bulk
 from . import partitions as _partitions
 from . import wakeup as _wakeup
+from .driver import Prepared
 from .engine import Store, skip_locked
 from .retry import retry
 from .tables import decisions, jobs, rows, runs
@@ -188,17 +190,59 @@ def _enqueue_alone(store: Store, values: dict[str, Any]) -> int:
     """:func:`enqueue_on` of a job without a dedupe key, its one statement in the driver's
     autocommit (psycopg). SQLAlchemy's transaction still begins and commits around it, so
     what the statement announced to this process's workers goes out after the commit, as
-    after any transaction's."""
+    after any transaction's.
+
+    Where the ``INSERT`` carries its wake-up (PostgreSQL, not Citus), it runs straight on the
+    driver's cursor (``_store/driver.py``: compiled once per set of columns, each value still
+    converted by its column's type, the cursor events still fired): ``Connection.execute``'s
+    own Python cost about as much as the rest of an enqueue."""
     with store.engine.connect() as conn:
         driver: Any = conn.connection.driver_connection
         driver.autocommit = True  # psycopg: a local flag, no round trip
         try:
-            job_id = enqueue_on(store, conn, values)
+            if store.caps.citus or not _wakeup.folds(store, conn):
+                job_id = enqueue_on(store, conn, values)
+            else:
+                cursor = _insert_notifying(conn, tuple(values)).run(conn, _notifying(values))
+                try:
+                    found = cursor.fetchone()
+                finally:
+                    cursor.close()
+                assert found is not None
+                # Committed already, outside SQLAlchemy's transaction (none began): this
+                # process's workers are woken now.
+                _wakeup.announced(store, conn, [(values["queue"], values["run_at"])])
+                job_id = int(found[0])
             conn.commit()  # ends SQLAlchemy's transaction; the server has committed already
             return job_id
         finally:
             if not conn.invalidated:
                 driver.autocommit = False
+
+
+_PREPARED_INSERTS: weakref.WeakKeyDictionary[Dialect, dict[tuple[str, ...], Prepared]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _insert_notifying(conn: Connection, columns: tuple[str, ...]) -> Prepared:
+    """:data:`_INSERT_NOTIFYING` of ``columns`` (and ``p_wakeup``) for ``conn``'s dialect, on
+    the driver's cursor; built once per dialect and set of columns."""
+    dialect = conn.dialect
+    built = _PREPARED_INSERTS.get(dialect)
+    if built is None:
+        built = _PREPARED_INSERTS.setdefault(dialect, {})
+    found = built.get(columns)
+    if found is None:
+        statement = (
+            insert(jobs)
+            .values({name: bindparam(name, type_=jobs.c[name].type) for name in columns})
+            .returning(jobs.c.id, _wakeup.NOTIFY_COLUMN)
+        )
+        if len(built) > 64:  # callers' sets of columns are few; never grow without end
+            built.clear()
+        found = built[columns] = Prepared(statement, dialect)
+    return found
 
 
 def enqueue_on(store: Store, conn: Connection, values: dict[str, Any]) -> int:
@@ -601,9 +645,7 @@ def finish_many(
             conn.execute(_SUCCEED_MANY, {**guard, "p_ids": [f.job.id for f in plain]}).scalars()
         )
         values = _finished(SUCCEEDED, now, None)
-        done.update(
-            (f.job.id, dataclasses.replace(f.job, **values)) for f in plain if f.job.id in won
-        )
+        done.update((f.job.id, f.job.replaced(**values)) for f in plain if f.job.id in won)
         rest = [f for f in items if f.state != SUCCEEDED]
     else:
         rest = list(items)
@@ -616,7 +658,7 @@ def finish_many(
             params["p_state"] = f.state
             statement = _END_ONE
         if conn.execute(statement, params).rowcount == 1:
-            done[f.job.id] = dataclasses.replace(f.job, **f.values(now))
+            done[f.job.id] = f.job.replaced(**f.values(now))
     history = [
         _run_values(
             f.job,

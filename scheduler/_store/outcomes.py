@@ -15,7 +15,6 @@ start together or neither.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -44,6 +43,7 @@ from .._model.job import Job
 from .._model.limits import LimitSet, Places
 from .._model.rules import QUEUED, SUCCEEDED
 from .._model.time import as_utc
+from .driver import Prepared, PreparedSet
 from .jobs import Finish, held_guard, released
 from .limits import claim_values, fitting
 from .tables import jobs, limit_holds, runs
@@ -116,6 +116,11 @@ def _ends() -> tuple[Any, Any]:
 def _plain() -> Select[Any]:
     done, history = _ends()
     return select(done.c.id).add_cte(history)
+
+
+# On the driver's cursor (``driver.Prepared``): a batch of successes is one statement, and
+# ``Connection.execute``'s own Python cost as much as the rest of writing a small batch.
+_PLAIN = PreparedSet(lambda _dialect: _plain(), functools.partial(Prepared, literals=True))
 
 
 def handing_on(limitset: LimitSet, places: Places, queues: tuple[str, ...]) -> Select[Any]:
@@ -206,8 +211,12 @@ def succeed(
         "p_finished": now,
     }
     if hand_on is None or not placed:
-        found = conn.execute(_plain(), params).scalars().all()
-        return _views(items, set(found), now), []
+        cursor = _PLAIN.on(conn).run(conn, params)
+        try:
+            found = {row[0] for row in cursor.fetchall()}
+        finally:
+            cursor.close()
+        return _views(items, found, now), []
     params.update({"p_placed": list(placed), "p_until": now + lease, "p_started": now})
     ended: set[int] = set()
     handed: list[Job] = []
@@ -221,6 +230,4 @@ def succeed(
 
 
 def _views(items: Sequence[Finish], ended: set[int], now: datetime) -> list[Job | None]:
-    return [
-        dataclasses.replace(f.job, **f.values(now)) if f.job.id in ended else None for f in items
-    ]
+    return [f.job.replaced(**f.values(now)) if f.job.id in ended else None for f in items]

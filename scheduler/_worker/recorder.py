@@ -22,9 +22,18 @@ class Recorder:
     process dies first: a takeover reruns or abandons them as after any crash.
     """
 
-    def __init__(self, runner: Runner, *, max_batch: int = 500) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        *,
+        max_batch: int = 500,
+        after: Callable[[], None] | None = None,
+    ) -> None:
+        """``after``: called once after the ``done`` callbacks of each batch written (the
+        worker's wake-up of its claiming thread: once per batch, not once per job)."""
         self.runner = runner
         self.max_batch = max_batch
+        self._after = after
         self._pending: list[tuple[Ending, Callable[[str], None]]] = []
         self._cond = threading.Condition()
         self._closed = False
@@ -72,5 +81,10 @@ class Recorder:
         for (_, done), result in zip(batch, results, strict=True):
             try:
                 done(result)
+            except Exception:
+                log.exception("recorder callback failed", extra={"action": "record_callback"})
+        if self._after is not None:
+            try:
+                self._after()
             except Exception:
                 log.exception("recorder callback failed", extra={"action": "record_callback"})

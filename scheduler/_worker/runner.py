@@ -646,18 +646,18 @@ class Runner:
         running = RunningJob(job, self, stop, started)
         token = _CURRENT.set(running)
         try:
-            with contextlib.ExitStack() as stack:
-                problem = self._enter_tenant(stack, job)
-                if problem is not None:
-                    return self._context_failed(job, problem, started)
-                if handler.isolation == "process":  # in a child process (isolation.py)
-                    self.prepare_isolation()
-                    _isolation.call(handler, running, stop, self.cancel_grace)
-                    result = None
-                else:
-                    result = handler.func(running)
-                if inspect.isawaitable(result):
+            if job.tenant is None or self.registry.tenant_context is None:
+                result = self._call(handler, running, stop)  # no tenant's context to enter
+                if result is not None and inspect.isawaitable(result):
                     return self._returned_awaitable(job, result, started)
+            else:
+                with contextlib.ExitStack() as stack:
+                    problem = self._enter_tenant(stack, job)
+                    if problem is not None:
+                        return self._context_failed(job, problem, started)
+                    result = self._call(handler, running, stop)
+                    if inspect.isawaitable(result):
+                        return self._returned_awaitable(job, result, started)
         except Snooze as exc:
             return self._snoozed(job, exc, started)
         except PermanentError as exc:
@@ -670,7 +670,15 @@ class Runner:
             return self._explained(self._failed(job, handler, exc, started), exc)
         finally:
             _CURRENT.reset(token)
-        return Ending(job, started, SUCCEEDED, None, completed=running.completed)
+        return Ending.success(job, started, completed=running.completed)
+
+    def _call(self, handler: Handler, running: RunningJob, stop: Stop | None) -> Any:
+        """Call a sync handler: here, or in a child process if it is process-isolated."""
+        if handler.isolation == "process":  # in a child process (isolation.py)
+            self.prepare_isolation()
+            _isolation.call(handler, running, stop, self.cancel_grace)
+            return None
+        return handler.func(running)
 
     async def execute_async(self, job: Job, stop: Stop | None = None) -> Ending:
         """:meth:`execute` on the running event loop: an ``async def`` handler is awaited (a
@@ -994,7 +1002,7 @@ class Runner:
         for outcome, view in zip(outcomes, views, strict=True):
             job = outcome.job
             if view is None and outcome.completed:  # job.complete() committed it
-                view = dataclasses.replace(job, state=SUCCEEDED, lease_owner=None)
+                view = job.replaced(state=SUCCEEDED, lease_owner=None)
             elif view is None:
                 log.warning(
                     "job %s: lease lost before it finished; its result is discarded",

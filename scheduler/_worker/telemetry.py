@@ -63,6 +63,11 @@ class Telemetry:
         if self.metrics is not None:
             self.metrics.ticked(seconds, report)
 
+    def quiet(self) -> bool:
+        """Nothing observes a handler's run (no metrics, no OpenTelemetry tracer): the worker
+        skips :meth:`running` (two context managers per job)."""
+        return self.metrics is None and not _tracing.configured()
+
     @contextlib.contextmanager
     def running(self, job: Job) -> Iterator[_tracing.Running]:
         """Around one attempt's handler call: its span (tell it how the attempt ended with

@@ -200,7 +200,8 @@ class Worker:
         self._sync_handlers = True  # any sync handler registered (else claim async only)
         self._async: set[int] = set()  # the running jobs that run on the loop
         self._awaiting: set[int] = set()  # those whose handler has not returned yet
-        self._recorder = Recorder(self.runner)
+        # The claiming thread is woken once per batch of outcomes written, not per job.
+        self._recorder = Recorder(self.runner, after=self._slots_freed)
         self._telemetry = Telemetry(app)
         self._running: dict[int, Future[None] | None] = {}  # None: on the event loop
         self._waiter: _wakeup.Waiter | None = None  # set when wake-ups are heard
@@ -845,7 +846,15 @@ class Worker:
     def _hand_in(self, job: Job, outcome: Ending, began: float) -> None:
         with self._lock:
             self._handed_in.add(job.id)
+            # The jobs whose handler has not returned: when they fall to the threads' number,
+            # the claiming thread is woken (once), so that the next claim runs while the
+            # recorder writes these outcomes, and the threads have jobs when they are done.
+            # Without it, the claim waited for the recorder's wake-up: claim, run, write, in
+            # turn, with the threads idle for two round trips per claim.
+            unreturned = len(self._running) - len(self._handed_in)
         self._recorder.submit(outcome, self._when_recorded(job, began))
+        if unreturned == self.concurrency:
+            self._wake.set()
 
     def _when_recorded(self, job: Job, began: float) -> Callable[[str], None]:
         def done(result: str) -> None:
@@ -853,7 +862,7 @@ class Worker:
             if log.isEnabledFor(logging.INFO):
                 text = f"job {job.id} ({job.handler}) {result} in {took:.2f}s"
                 _log(logging.INFO, "job_done", text)
-            self._release(job.id)
+            self._release(job.id, wake=False)  # the recorder wakes once per batch
 
         return done
 
@@ -864,9 +873,12 @@ class Worker:
             if stop.deadline is not None:  # the stopper wakes at it (cancels: once a second)
                 self._stopper_wake.set()
         try:
-            with self._telemetry.running(job) as run:
+            if self._telemetry.quiet():
                 outcome = self.runner.execute(job, stop)
-                run.ended(outcome)
+            else:
+                with self._telemetry.running(job) as run:
+                    outcome = self.runner.execute(job, stop)
+                    run.ended(outcome)
         except Exception:
             if self._returned(job, stop):
                 self._crashed(job)
@@ -882,7 +894,9 @@ class Worker:
         # The job stays in _running (leases renewed, slot taken) until its outcome is written.
         self._hand_in(job, outcome, began)
 
-    def _release(self, job_id: int, ran: bool = True) -> None:
+    def _release(self, job_id: int, ran: bool = True, *, wake: bool = True) -> None:
+        """The job left its slot. ``wake=False``: the caller wakes the claiming thread
+        itself (:meth:`_slots_freed`, once for several jobs)."""
         with self._lock:
             self._handled += ran
             held_on_thread = job_id in self._running and job_id not in self._async
@@ -894,6 +908,13 @@ class Worker:
                 self._stops.pop(job_id, None)
         if held_on_thread and self._shared is not None:
             self._shared.release()
+        if wake:
+            self._slots_freed()
+
+    def _slots_freed(self) -> None:
+        """Slots came free: the claiming thread (and the wake-up listener) look again. An
+        ``Event.set`` that wakes a waiting thread is a system call; the recorder calls this
+        once per batch of outcomes."""
         self._wake.set()
         if self._listening is not None:
             self._listening.slot_freed()

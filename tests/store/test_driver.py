@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from helpers.job_statements import INSERT, NOW
-from sqlalchemy import bindparam, create_engine, event, select, text
+from sqlalchemy import bindparam, create_engine, event, literal, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from scheduler import Scheduler
@@ -134,6 +134,58 @@ def test_only_plain_named_parameters_are_accepted() -> None:
 
     with pytest.raises(ValueError, match="plain required bindparam"):
         Prepared(select(jobs.c.id).where(jobs.c.id == 5), sqlite.dialect())
+
+
+def test_literal_values_are_sent_as_fixed_parameters_where_asked(app: Scheduler) -> None:
+    """``literals=True`` (a batch of successes, _store/outcomes.py): a statement's literal
+    values are sent as parameters of fixed value, through their types, and the row written is
+    the one Connection.execute writes; a positional paramstyle (SQLite's) still refuses them.
+    It relies on ``compiled.bind_names`` (each bind parameter's name in the SQL) and a literal's
+    ``effective_value``, pinned here."""
+    statement = jobs.insert().values(
+        handler=bindparam("p_handler"),
+        payload="{}",
+        queue="default",
+        priority=literal(7),
+        run_at=bindparam("p_now"),
+        created_at=NOW,  # a literal datetime: through UTCDateTime, as Core converts it
+        state="queued",
+        attempts=0,
+        max_attempts=bindparam("p_attempts"),
+    )
+    dialect = app.store.engine.dialect
+    if dialect.positional:
+        with pytest.raises(ValueError, match="plain required bindparam"):
+            Prepared(statement, dialect, literals=True)
+        return
+    compiled = statement.compile(dialect=dialect)
+    names = set(compiled.bind_names.values())
+    assert {"p_handler", "p_now", "p_attempts"} < names
+    assert all(f"%({name})s" in compiled.string for name in names)
+    assert 7 in {b.effective_value for b in compiled.bind_names if not b.required}
+    with pytest.raises(ValueError, match="plain required bindparam"):
+        Prepared(statement, dialect)  # without literals=True: refused as before
+    prepared = Prepared(statement, dialect, literals=True)
+    params = {"p_handler": "lit", "p_now": NOW, "p_attempts": 2}
+    with app.store.engine.connect() as conn, conn.begin():
+        prepared.run(conn, params).close()
+        conn.execute(statement, {**params, "p_handler": "core"})
+    with app.store.read() as conn:
+        rows = conn.execute(
+            select(
+                jobs.c.handler,
+                jobs.c.payload,
+                jobs.c.queue,
+                jobs.c.priority,
+                jobs.c.run_at,
+                jobs.c.created_at,
+                jobs.c.state,
+                jobs.c.attempts,
+                jobs.c.max_attempts,
+            ).order_by(jobs.c.handler)
+        ).all()
+    assert [row[0] for row in rows] == ["core", "lit"]
+    assert rows[0][1:] == rows[1][1:] == ("{}", "default", 7, NOW, NOW, "queued", 0, 2)
 
 
 # -- pooled connections: pinged only after they sat idle -----------------------------------
