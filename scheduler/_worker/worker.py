@@ -154,8 +154,14 @@ class Shared:
             return max(self.threads - (self._held - reserved), 0)
 
     def unreserve(self, count: int) -> None:
+        """A claim's reserved places back (those its jobs took were counted by :meth:`hold`):
+        wake the Workers that found none free while the claim held them, since it may have
+        taken fewer jobs than it reserved (they would otherwise wait for their poll)."""
         with self._lock:
             self._held -= count
+            starved, self._starved = self._starved, set()
+        for worker in starved:
+            worker._wake.set()
 
     def hold(self, count: int) -> None:
         with self._lock:
