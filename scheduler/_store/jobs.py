@@ -8,7 +8,6 @@ lease owner and an unexpired lease (a takeover requires the *old* owner and expi
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -16,7 +15,6 @@ from typing import Any, TypeVar
 
 from sqlalchemy import (
     Connection,
-    Dialect,
     Integer,
     Select,
     and_,
@@ -41,7 +39,7 @@ from .._model.rules import ABORTED, CLAIMED, QUEUED, SUCCEEDED
 from . import bulk as _bulk
 from . import partitions as _partitions
 from . import wakeup as _wakeup
-from .driver import Prepared
+from .driver import Prepared, PreparedSet
 from .engine import Store, skip_locked
 from .retry import retry
 from .tables import decisions, jobs, rows, runs
@@ -203,7 +201,8 @@ def _enqueue_alone(store: Store, values: dict[str, Any]) -> int:
             if store.caps.citus or not _wakeup.folds(store, conn):
                 job_id = enqueue_on(store, conn, values)
             else:
-                cursor = _insert_notifying(conn, tuple(values)).run(conn, _notifying(values))
+                prepared = _insert_notifying(tuple(values)).on(conn)
+                cursor = prepared.run(conn, _notifying(values))
                 try:
                     found = cursor.fetchone()
                 finally:
@@ -220,29 +219,13 @@ def _enqueue_alone(store: Store, values: dict[str, Any]) -> int:
                 driver.autocommit = False
 
 
-_PREPARED_INSERTS: weakref.WeakKeyDictionary[Dialect, dict[tuple[str, ...], Prepared]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _insert_notifying(conn: Connection, columns: tuple[str, ...]) -> Prepared:
-    """:data:`_INSERT_NOTIFYING` of ``columns`` (and ``p_wakeup``) for ``conn``'s dialect, on
-    the driver's cursor; built once per dialect and set of columns."""
-    dialect = conn.dialect
-    built = _PREPARED_INSERTS.get(dialect)
-    if built is None:
-        built = _PREPARED_INSERTS.setdefault(dialect, {})
-    found = built.get(columns)
-    if found is None:
-        statement = (
-            insert(jobs)
-            .values({name: bindparam(name, type_=jobs.c[name].type) for name in columns})
-            .returning(jobs.c.id, _wakeup.NOTIFY_COLUMN)
-        )
-        if len(built) > 64:  # callers' sets of columns are few; never grow without end
-            built.clear()
-        found = built[columns] = Prepared(statement, dialect)
-    return found
+@functools.lru_cache(maxsize=64)  # callers' sets of columns are few; never grow without end
+def _insert_notifying(columns: tuple[str, ...]) -> PreparedSet[Prepared]:
+    """:data:`_INSERT_NOTIFYING` of ``columns`` (and ``p_wakeup``) on the driver's cursor,
+    compiled once per dialect (:class:`~.driver.PreparedSet`)."""
+    written = {name: bindparam(name, type_=jobs.c[name].type) for name in columns}
+    statement = insert(jobs).values(written).returning(jobs.c.id, _wakeup.NOTIFY_COLUMN)
+    return PreparedSet(lambda _dialect: statement, Prepared)
 
 
 def enqueue_on(store: Store, conn: Connection, values: dict[str, Any]) -> int:
