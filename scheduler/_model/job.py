@@ -85,11 +85,7 @@ class Job:
         unknown = changes.keys() - _FIELDS
         if unknown:
             raise TypeError(f"Job has no field(s) {sorted(unknown)}")
-        made = object.__new__(Job)
-        fields = made.__dict__
-        fields.update(self.__dict__)
-        fields.update(changes)
-        return made
+        return self._made({**self.__dict__, **changes})
 
 
 _FIELDS = frozenset(field.name for field in dataclasses.fields(Job))
