@@ -157,11 +157,7 @@ class Shared:
         """A claim's reserved places back (those its jobs took were counted by :meth:`hold`):
         wake the Workers that found none free while the claim held them, since it may have
         taken fewer jobs than it reserved (they would otherwise wait for their poll)."""
-        with self._lock:
-            self._held -= count
-            starved, self._starved = self._starved, set()
-        for worker in starved:
-            worker._wake.set()
+        self._given_back(count)
 
     def hold(self, count: int) -> None:
         with self._lock:
@@ -169,8 +165,12 @@ class Shared:
 
     def release(self) -> None:
         """A job left its place: wake the Workers that found none free."""
+        self._given_back(1)
+
+    def _given_back(self, count: int) -> None:
+        """`count` places free again: wake the Workers that found none free."""
         with self._lock:
-            self._held -= 1
+            self._held -= count
             starved, self._starved = self._starved, set()
         for worker in starved:
             worker._wake.set()
